@@ -190,12 +190,16 @@ class CcwServer:
         elif not self.is_direct_method(method, tools):
             return None
         spec = registry.lookup(name) if isinstance(name, str) else None
-        return self.runtime.capsule_queue.arrive(spec.turn if spec is not None else None, params, self._parent_of)
+        return self.runtime.capsule_queue.arrive(spec.turn if spec is not None else None, params, self._parents_of)
 
-    def _parent_of(self, capsule_id: str) -> str | None:
-        """The parent of a live capsule of this state dir, or None."""
-        record = Journal(self.state).capsule(capsule_id)
-        return record.parent if record is not None and record.destroyed_at is None else None
+    def _parents_of(self, capsule_id: str) -> list[str]:
+        """The capsules whose layers a live capsule of this state dir lies on, which it freezes: its
+        parent and, for a merged one, the inputs a merge may have stacked (``Journal.merged_from``)."""
+        journal = Journal(self.state)
+        record = journal.capsule(capsule_id)
+        if record is None or record.destroyed_at is not None:
+            return []
+        return list(dict.fromkeys([*([record.parent] if record.parent else []), *journal.merged_from(capsule_id)]))
 
     def is_direct_method(self, method: str, tools: ToolList | None = None) -> bool:
         """True when ``method`` names a tool (or alias) of ``tools`` (default ours) rather

@@ -36,23 +36,26 @@ one capsule at a time (capsules/gitpromote.py), and a merge has no single capsul
 commits to carry.  ``dry_run`` makes nothing for ``new``, and for ``live`` runs
 promotion's dry run on the merged capsule, then destroys it.
 
-**The merged capsule is a fork of the first input**, as git merges into the branch
-checked out: the fork is O(1) and already holds the first input's change, so only the
-others' changes (and the files merged line by line) are written into it; a capsule made
-from the merge base would have every input's files written again (twice the writes in
-a merge of two equal attempts, each an open and a rename on overlayfs).  Its lineage
-stays true: its base directory is the inputs' (so its diff and its promotion carry
-every input's change against that base), its line of ancestors runs through the first
-input (whose runs are in its tree, so promotion's policies judge them as its own), and
-its journal names every path the merge changed against the merge base, kept or written
-(a witness replays it from the base alone).  What it costs: the first input is frozen
-(its execs refused) and cannot be destroyed while the merged capsule lives, as every
-forked capsule is; name first the attempt you will not touch again (the largest one
-writes least).  The first input's generation, read in its turn with its change, must be
-the same once it is forked (a write landed between is refused: CONFLICT, merge again).
-Where it cannot be forked (forks nested ``MAX_FORK_DEPTH`` deep, a state dir inside the
-workspace), or runs services (a fork would freeze them), the capsule is a fork of the
-common ancestor, or a new capsule over the base, with every merged path written.
+**The merged capsule is a fork of the first input with the others' layers stacked over
+it** (the helper's ForkRequest ``donors``), as git merges into the branch checked out,
+except that git writes the other branch's files and overlayfs shows them: the fork is O(1)
+and shows every path only one input changed as that input has it, so only the paths it
+shows otherwise than the merge (those several inputs changed, and the few a donor's
+layers hold or hide unchanged: merge_write.stacked_start) are written into its own upper
+layer.  Its lineage stays true: its base directory is the inputs' (so its diff and its
+promotion carry every input's change against that base), its line of ancestors runs
+through the first input (whose runs are in its tree, so promotion's policies judge them
+as its own), and its journal names every path the merge changed against the merge base,
+kept or written (a witness replays it from the base alone).  What it costs: every input
+is frozen (its execs refused) and cannot be destroyed while the merged capsule lives, as
+a forked capsule's parent is.  Each input's generation, read in its turn with its change,
+must be the same once it is stacked (a write landed between is refused: CONFLICT, merge
+again).  Where the others cannot be stacked (an input over another base directory, a
+layer two inputs share that the first does not, more than ``MAX_DONORS``, an input running
+services) the fork is of the first input alone and the others' changes are written into
+it; where the first cannot be forked (forks nested ``MAX_FORK_DEPTH`` deep, a state dir
+inside the workspace) or runs services (a fork would freeze them), the capsule is a fork
+of the common ancestor, or a new capsule over the base, with every merged path written.
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ from typing import Any
 import trio
 
 from mcp_server.capsules import gitdirs, merge_git, merge_write
-from mcp_server.capsules.merge3 import Outcome
+from mcp_server.capsules.merge3 import Outcome, State
 from mcp_server.capsules.merge_git import GIT_KEPT
 from mcp_server.capsules.merge_plan import Plan, Side, SideRead, combine, pairs, read_side
 from mcp_server.capsules.promote import Request, _lineage, _live_states, _recorded_states, promote
@@ -84,6 +87,7 @@ from sandbox.replies import Change, ChangesReply
 
 MERGE = TakesTurn("merge")
 MAX_INPUTS = 16
+MAX_DONORS = 8  # inputs stacked under a merged capsule beside the first (sandbox/ops.py's ForkRequest)
 MAX_LISTED = 1000  # paths listed in ``files``; ``counts`` has them all
 MAX_HELD_BYTES = 2 << 30  # every input's changed files are read into memory before anything is merged
 
@@ -186,11 +190,13 @@ def _of(capsule_id: str, exc: CcwError) -> CcwError:
 
 
 async def _listed_and_read(service: CapsuleService, every: list[CapsuleRecord], low: RootView,
-                           cache: trio.Event, infos: dict[str, os.stat_result]) -> dict[str, SideRead]:
+                           cache: trio.Event, infos: dict[str, os.stat_result],
+                           unlisted: dict[str, frozenset[str]]) -> dict[str, SideRead]:
     """Each capsule's change list, asked one after another, and each read through its view
     (``read_side``) as soon as its list is in, while the helper lists the next: the helper lists
     one capsule in about half the time it takes for two at once (its threads share one
-    interpreter), and the front end reads the first meanwhile.  No read starts before ``cache``
+    interpreter), and the front end reads the first meanwhile.  The inputs keyed in ``unlisted`` are
+    asked for their unlisted paths too (merge_write.stacked_start's).  No read starts before ``cache``
     is set (the base directory's stat cache loaded: its clock must be read before any lstat).
     Refused whole if any fails (naming the capsule: ``_of``), or if a capsule's git moved refs
     (``_unmoved_refs``)."""
@@ -219,7 +225,11 @@ async def _listed_and_read(service: CapsuleService, every: list[CapsuleRecord], 
         held = 0
         for record in every:
             try:
-                reply = replies[record.capsule_id] = await service.call(ChangesRequest(record.capsule_id))
+                donor = record.capsule_id in unlisted
+                reply = replies[record.capsule_id] = await service.call(ChangesRequest(record.capsule_id,
+                                                                                       unlisted=donor or None))
+                if donor:
+                    unlisted[record.capsule_id] = frozenset(reply.unlisted or ())
                 held += sum(change.size or 0 for change in reply.changes if change.type == "file")
                 if held > MAX_HELD_BYTES:
                     raise CcwError("TOO_LARGE", f"the inputs' changed files come to over {MAX_HELD_BYTES} bytes, "
@@ -242,9 +252,9 @@ async def _listed_and_read(service: CapsuleService, every: list[CapsuleRecord], 
 
 
 async def _read(service: CapsuleService, records: list[CapsuleRecord],
-                ancestor: CapsuleRecord | None) -> tuple[Plan, int, list[dict[str, str]], dict[str, str]]:
+                ancestor: CapsuleRecord | None) -> tuple[Plan, dict[str, int], list[dict[str, str]], dict[str, str]]:
     """The plan, read in the inputs' turns (no exec of theirs lands while their changes are read),
-    the first input's generation then, the base states each input recorded (``_recorded``) and the
+    the inputs' generations then, the base states each input recorded (``_recorded``) and the
     live workspace's states at those paths.  Over the workspace itself those are the plan's own
     digests of the base directory (``_lower_recorded``: each file read at most once, not again to
     hash it, and not at all where the stat cache knows it); over a snapshot, the workspace is read
@@ -256,10 +266,11 @@ async def _read(service: CapsuleService, records: list[CapsuleRecord],
         for one in ids:
             await turns.enter_async_context(service.turn(one, MERGE))
         every = [*records, *([ancestor] if ancestor else [])]
-        generation = service.journal.generation(records[0].capsule_id)
+        generations = {one.capsule_id: service.journal.generation(one.capsule_id) for one in records}
         each: list[dict[str, str]] = []
         loaded, caches = trio.Event(), []
         infos: dict[str, os.stat_result] = {}  # the base files' lstat, as the reads' ``expand`` took them
+        unlisted = {one.capsule_id: frozenset[str]() for one in records[1:]}
 
         async def load() -> None:
             caches.append(await trio.to_thread.run_sync(StatCache.load, service.state.root, lower))
@@ -283,17 +294,18 @@ async def _read(service: CapsuleService, records: list[CapsuleRecord],
                 nursery.start_soon(load)
                 nursery.start_soon(recorded)
                 try:
-                    reads = await _listed_and_read(service, every, low, loaded, infos)
+                    reads = await _listed_and_read(service, every, low, loaded, infos, unlisted)
                 except CcwError as exc:
                     failed.append(exc)
             if failed:
                 raise failed[0]
             names, common = [record.capsule_id for record in records], ancestor.capsule_id if ancestor else None
             plan = await trio.to_thread.run_sync(_combined, service.state, low, names, common, reads, caches[0], infos)
+            plan.unlisted = unlisted
         if not snapshot:
             paths = {path for states in each for path in states}
             live = await trio.to_thread.run_sync(_lower_recorded, paths, plan, records[0].workspace)
-        return plan, generation, each, live
+        return plan, generations, each, live
 
 
 def _combined(state: Any, low: RootView, names: list[str], ancestor: str | None, reads: dict[str, SideRead],
@@ -384,7 +396,7 @@ async def _merge(service: CapsuleService, question: Question) -> tuple[dict[str,
     """The merge's report and, for an into-live merge without conflicts, the capsule holding it
     (to be promoted, then destroyed); None when the report is the whole answer."""
     records, ancestor = _inputs(service, question.capsule_ids)
-    plan, generation, each, live = await _read(service, records, ancestor)
+    plan, generations, each, live = await _read(service, records, ancestor)
     merge_git.one_history(plan, [r.capsule_id for r in records])
     if plan.conflicts:
         await trio.to_thread.run_sync(_ignored_conflicts, plan, [r.capsule_id for r in records], records[0].workspace)
@@ -392,7 +404,7 @@ async def _merge(service: CapsuleService, question: Question) -> tuple[dict[str,
     result = report(question, plan, ancestor, records[0].base)
     if plan.conflicts or (question.dry_run and question.into == "new"):
         return {**result, "written": False}, None
-    made = await _make(service, (records[0], generation), ancestor, plan, recorded, question.capsule_ids)
+    made = await _make(service, records, generations, ancestor, plan, recorded, question.capsule_ids)
     if question.into == "new":
         return {**result, "written": True, "capsule_id": made.capsule_id}, None
     return result, made
@@ -430,28 +442,27 @@ def _below_no_dir(plan: Plan, path: str) -> bool:
     return False
 
 
-async def _make(service: CapsuleService, first: tuple[CapsuleRecord, int], ancestor: CapsuleRecord | None,
-                plan: Plan, recorded: dict[str, str], inputs: tuple[str, ...]) -> CapsuleRecord:
-    """A journaled capsule holding the merge: a fork of the first input (``first``: its record and the
-    generation its change was read at), else of the common ancestor, or a new one over the base;
-    ``inputs`` journaled as what it merged (promoting it judges their runs, as an into-live merge does)."""
-    record, generation = first
-    made: CapsuleRecord | None = None
-    if service.services is None or not service.services.running(record.capsule_id):  # a fork would freeze them
-        try:
-            made, start = await service.fork(record.capsule_id), plan.sides[record.capsule_id]
-        except CcwError as exc:
-            if exc.code not in ("TOO_LARGE", "UNSUPPORTED"):
-                raise
-    if made is None:
-        made, start = await (service.fork(ancestor.capsule_id) if ancestor is not None else
-                             service.create(record.spec, record.network_spec, record.volatile)), plan.base
+async def _make(service: CapsuleService, records: list[CapsuleRecord], generations: dict[str, int],
+                ancestor: CapsuleRecord | None, plan: Plan, recorded: dict[str, str],
+                inputs: tuple[str, ...]) -> CapsuleRecord:
+    """A journaled capsule holding the merge: a fork of the first input with the others' layers stacked
+    over it (``_forked``), else of the common ancestor, or a new one over the base; ``generations``:
+    the inputs' as their changes were read; ``inputs`` journaled as what it merged (promoting it
+    judges their runs, as an into-live merge does)."""
+    made, donors = await _forked(service, records)
+    start: dict[str, State] | tuple[str, tuple[str, ...]] = plan.base
+    if made is not None:
+        start = (records[0].capsule_id, donors) if donors else plan.sides[records[0].capsule_id]
+    else:
+        made = await (service.fork(ancestor.capsule_id) if ancestor is not None else
+                      service.create(records[0].spec, records[0].network_spec, records[0].volatile))
     try:
-        if start is not plan.base and service.journal.generation(record.capsule_id) != generation:
-            raise CcwError("CONFLICT", f"{record.capsule_id} changed while it was merged (a command or a file tool "
-                           "wrote to it): nothing was made; merge again", {"capsule_id": record.capsule_id})
+        for record in records[: 1 + len(donors)] if start is not plan.base else ():
+            if service.journal.generation(record.capsule_id) != generations[record.capsule_id]:
+                raise CcwError("CONFLICT", f"{record.capsule_id} changed while it was merged (a command or a file "
+                               "tool wrote to it): nothing was made; merge again", {"capsule_id": record.capsule_id})
         root_fd = await service.open_root(made.capsule_id)
-        kept = plan.mtimes.get(record.capsule_id, {}) if start is not plan.base else {}
+        kept = plan.mtimes.get(records[0].capsule_id, {}) if start is not plan.base else {}
         await trio.to_thread.run_sync(merge_write.write, service.state, made.capsule_id, root_fd, plan, recorded,
                                       start, kept, inputs)
     except BaseException:
@@ -459,3 +470,24 @@ async def _make(service: CapsuleService, first: tuple[CapsuleRecord, int], ances
             await service.destroy(made.capsule_id)
         raise
     return made
+
+
+async def _forked(service: CapsuleService, records: list[CapsuleRecord]) -> tuple[CapsuleRecord | None,
+                                                                                   tuple[str, ...]]:
+    """A fork of the first input with the other inputs' layers stacked over it, in order (the helper's
+    ForkRequest ``donors``), and those donors; where the helper cannot stack them (another base
+    under one, a layer shared by two, too many layers: UNSUPPORTED or TOO_LARGE), a fork of the
+    first alone; (None, ()) where that cannot be made either, or the first runs services (a fork would
+    freeze them).  An input running services is no donor (it would be frozen too)."""
+    first, others = records[0].capsule_id, tuple(record.capsule_id for record in records[1:])
+    running = service.services.running if service.services is not None else (lambda capsule_id: False)
+    if running(first):
+        return None, ()
+    tries = [others, ()] if others and len(others) <= MAX_DONORS and not any(map(running, others)) else [()]
+    for donors in tries:
+        try:
+            return await service.fork(first, donors), donors
+        except CcwError as exc:
+            if exc.code not in ("TOO_LARGE", "UNSUPPORTED"):
+                raise
+    return None, ()

@@ -62,6 +62,7 @@ class Plan:
     sides: dict[str, dict[str, State]] = field(default_factory=dict)  # capsule -> path -> state
     lower: dict[str, State] = field(default_factory=dict)  # the capsules' base directory (``base`` without an ancestor)
     mtimes: dict[str, dict[str, int]] = field(default_factory=dict)  # capsule -> path -> its file's mtime (ns), as read
+    unlisted: dict[str, frozenset[str]] = field(default_factory=dict)  # donor -> ChangesReply.unlisted
 
     @property
     def conflicts(self) -> list[Outcome]:

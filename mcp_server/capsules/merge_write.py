@@ -45,12 +45,12 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from mcp_server.capsules.merge3 import State
+from mcp_server.capsules.merge3 import ABSENT, State
 from mcp_server.capsules.merge_plan import Plan
 from mcp_server.capsules.notes import record_base_states
 from mcp_server.fs import changeset
 from mcp_server.fs.promote import Op, make_symlink
-from mcp_server.fs.view import DirFds, RootView, Side, open_name
+from mcp_server.fs.view import DirFds, RootView, Side, lstat, open_name
 from mcp_server.journal import Journal
 from sandbox.errors import CcwError, from_oserror
 
@@ -80,6 +80,57 @@ def ops_of(plan: Plan, start: dict[str, State]) -> list[Op]:
     order = {"delete": 0, "mkdir": 1, "write": 2, "symlink": 2, "chmod": 3}
     return sorted(changeset.promote_ops(entries), key=lambda op: (
         order[op.action], -op.path.count("/") if op.action == "delete" else op.path.count("/")))
+
+
+def stacked_start(view: RootView, plan: Plan, first: str, donors: Sequence[str]) -> tuple[dict[str, State],
+                                                                                        dict[str, int]]:
+    """What a fork of ``first`` with ``donors``' layers stacked over it (top first, ForkRequest's)
+    shows at each path of the plan (``view``: its root), and the mtimes of the files it shows as an
+    input read them.
+
+    A donor's layers decide a path where the donor's view differs there from the merge base's (the
+    layers under them all): they hold it, or hide it.  Where it does not differ, they may still
+    hold it (a file copied up with its bytes unchanged, ``Plan.unlisted``), hide it (below a path
+    the donor names, which may be an opaque directory or a file), or not reach it at all: what shows
+    is then the donor's state or what lies under it.  Where those candidates disagree and one
+    differs from the merge, ``view`` itself is looked at (a file found there is rewritten whole).
+    A directory is held, by every layer that holds something below it, with the mode its input saw
+    then, which no change names: a merged directory whose mode differs from any input's or the
+    base's gets its mode set again."""
+    base, lower, sides = plan.base, plan.lower, plan.sides
+    covers = {name: {path for path in plan.outcomes if sides[name][path] is not lower[path]} | plan.unlisted[name]
+              for name in donors}
+    start: dict[str, State] = {}
+    kept: dict[str, int] = {}
+    for path, outcome in plan.outcomes.items():
+        merged, shown, source = outcome.state, [], first
+        heads = [path[:i] for i, char in enumerate(path) if char == "/"]
+        for name in donors:
+            state = sides[name][path]
+            if state is not base[path] and state != base[path]:  # its layers decide the path
+                shown.append(state)
+                source = name
+                break
+            if path in covers[name] or any(head in covers[name] for head in heads):
+                shown.append(state)
+                source = ""
+        else:
+            shown.append(sides[first][path])
+        if merged is None or all(one == merged for one in shown):
+            start[path] = merged or shown[-1]
+        elif all(one == shown[0] for one in shown):
+            start[path] = shown[0]
+        else:
+            found, source = lstat(view, path), ""
+            start[path] = ABSENT if found is None else State(found.kind, found.mode, None, found.target)
+        if merged is not None and merged.kind == "dir" and start[path].kind == "dir" and any(
+                one.kind == "dir" and one.mode != merged.mode for one in (lower[path], base[path], *(
+                    sides[name][path] for name in (first, *donors)))):
+            start[path] = State("dir", -1)  # a chmod, whatever the layers hold
+        mtime = plan.mtimes.get(source, {}).get(path) if source else None
+        if mtime is not None:
+            kept[path] = mtime
+    return start, kept
 
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
@@ -242,19 +293,23 @@ def _journal(state: Any, capsule_id: str, paths: list[str], contents: dict[str, 
 
 
 def write(state: Any, capsule_id: str, root_fd: int, plan: Plan, recorded: dict[str, str],
-          start: dict[str, State], kept: dict[str, int] | None = None, inputs: Sequence[str] = ()) -> list[str]:
+          start: dict[str, State] | tuple[str, Sequence[str]], kept: dict[str, int] | None = None,
+          inputs: Sequence[str] = ()) -> list[str]:
     """Write the merge into the capsule, whose view holds ``start`` (its root is closed after), and
-    journal every path the merge changes against the base; those paths.  ``kept``: the mtimes of
-    files the view holds as ``start`` does, where known (``Plan.mtimes`` of the input it was forked
-    from: the fork shows that input's files themselves, so they need no stat here).  ``inputs``: the
-    capsules merged, journaled as the new one's (``Journal.merged_from``: its promotion judges their runs)."""
+    journal every path the merge changes against the base; those paths.  ``start`` may instead name
+    the input it was forked from and the donors stacked over it (``stacked_start`` works out what
+    it holds).  ``kept``: the mtimes of files the view holds as ``start`` does, where known
+    (``Plan.mtimes`` of the input it was forked from: the fork shows that input's files themselves,
+    so they need no stat here).  ``inputs``: the capsules merged, journaled as the new one's
+    (``Journal.merged_from``: its promotion judges their runs)."""
     contents = {one.path: one.state for one in plan.outcomes.values() if one.state is not None}
-    ops = ops_of(plan, start)
     changed = sorted(one.path for one in plan.changed)  # each the path of an op from the base (promote_ops)
     dated = [path for path in changed
              if contents[path].kind == "file" and not contents[path].same_bytes(plan.base[path])]
     with RootView.from_fd(root_fd) as view:
-        mtimes = _apply(view, ops, contents, start)
+        if isinstance(start, tuple):
+            start, kept = stacked_start(view, plan, *start)
+        mtimes = _apply(view, ops_of(plan, start), contents, start)
         mtimes.update(_held(view, [path for path in dated if path not in mtimes], kept or {}))
     _journal(state, capsule_id, changed, contents, plan.base, {path: mtimes[path] for path in dated}, recorded,
              inputs)

@@ -25,7 +25,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -344,14 +344,13 @@ class CapsuleService:
     def _held_off(self, capsule_id: str) -> AbstractAsyncContextManager[None]:
         return self.services.held_off(capsule_id) if self.services is not None else contextlib.nullcontext()
 
-    async def fork(self, capsule_id: str) -> CapsuleRecord:
-        """A child capsule stacked on its parent's view, journaled."""
-        return (await self.forks(capsule_id, 1))[0]
+    async def fork(self, capsule_id: str, donors: Sequence[str] = ()) -> CapsuleRecord:
+        """A child capsule stacked on its parent's view (and ``donors``' layers, ForkRequest's), journaled."""
+        return (await self.forks(capsule_id, 1, donors))[0]
 
-    async def forks(self, capsule_id: str, count: int) -> list[CapsuleRecord]:
-        """``count`` children of one parent (at most ``MAX_FORKS``), made in one turn of it (no exec
-        queued meanwhile lands between two), journaled.  All or none: when one fails, those
-        already made are destroyed and the error says so."""
+    async def forks(self, capsule_id: str, count: int, donors: Sequence[str] = ()) -> list[CapsuleRecord]:
+        """``count`` children of one parent (at most ``MAX_FORKS``), made in one turn of it (no exec queued
+        meanwhile lands between two), journaled.  All or none: when one fails, those made are destroyed."""
         if not 1 <= count <= MAX_FORKS:
             raise CcwError("TOO_LARGE" if count > MAX_FORKS else "INVALID_ARGUMENT",
                            f"count {count} is outside 1..{MAX_FORKS} forks per call; ask for at most {MAX_FORKS} "
@@ -364,7 +363,7 @@ class CapsuleService:
             try:
                 while asked < count:
                     asked += 1
-                    reply = await self.call(ForkRequest(parent.capsule_id))
+                    reply = await self.call(ForkRequest(parent.capsule_id, donors=tuple(donors)))
                     # Journaled before its network opens: a fork whose session fails to open is
                     # one of those made, and destroyed with them, not left unjournaled.
                     made.append(self._journal_new(reply, parent.spec, parent, parent.network_spec))

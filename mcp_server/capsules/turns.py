@@ -218,20 +218,20 @@ class CapsuleQueue:
         lot.unpark_all()
 
     def arrive(self, takes: TakesTurn | None, args: Any,
-               parent_of: Callable[[str], str | None] | None = None) -> Ticket | None:
+               parents_of: Callable[[str], list[str]] | None = None) -> Ticket | None:
         """The place a call with ``args`` of a tool that ``takes`` turns takes as it is read
         (``reserve``), or None if its tool takes no turn or its arguments name no capsule; a
         call over several capsules takes one in each line, the others in the first's ``more``,
-        as does the place in the line of its capsule's parent (``parent_of``, the live capsule's
-        parent or None) that a call ``takes.parent_too`` holds."""
+        as do the places in the lines of the capsules its capsule's layers lie on (``parents_of``:
+        the live capsule's parent, and the inputs a merged capsule stacks) that a call
+        ``takes.parent_too`` holds."""
         if takes is None or not isinstance(args, Mapping):
             return None
         label = takes.label_of(args)
         tickets = [self.reserve(capsule_id, label, takes, args) for capsule_id in takes.capsules_of(args)]
         if not tickets:
             return None
-        parent = parent_of(tickets[0].capsule_id) if takes.parent_too and parent_of is not None else None
-        if parent is not None:
+        for parent in parents_of(tickets[0].capsule_id) if takes.parent_too and parents_of is not None else ():
             tickets.append(self.reserve(parent, f"{label} of fork {tickets[0].capsule_id}"))
         tickets[0].more = tickets[1:]  # the others travel with the first: claimed, and given back, with it
         return tickets[0]

@@ -1,0 +1,88 @@
+"""capsule_merge into a new capsule that stacks the other inputs' layers over a fork of the first (issue 39), as root.
+
+The merged capsule shows what only one input changed through that input's own layers, so
+only what its layers would show otherwise than the merge is written.  These are the cases
+where a donor's layers hold or hide a path its change list does not name, each of which a
+merge that trusted the change list alone would get wrong:
+
+- a file the second input rewrote with its own bytes (``sed -i`` that matched nothing:
+  copied up, unchanged, unlisted) that the first input edited: the first's edit is shown;
+- a directory the second input replaced (``rm -rf; mkdir``: opaque) where the first added
+  a file: that file is shown beside the second's;
+- a file the first input added where the second's own parent added one and the second
+  deleted it (a whiteout over nothing in the base, in a layer stacked above the first's):
+  the first's file is shown;
+- a directory the first input made private, below which the second changed a file (its
+  layer holds a copy of the directory with the mode it had): the mode is the first's.
+
+Every input is frozen while the merged capsule lives (its execs refused, naming it, and it
+cannot be destroyed), and runs again once that capsule is destroyed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sandbox.errors import CcwError
+
+LOOK = ("cat a.txt b.txt q.txt; ls d; stat -c '%a' sub; cat sub/x.txt; test -e c.txt || echo no-c")
+
+
+def _workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    (ws / "d").mkdir(parents=True)
+    (ws / "sub").mkdir()
+    for name in ("a.txt", "b.txt", "c.txt", "d/old.txt", "sub/x.txt"):
+        (ws / name).write_text(f"{name} base\n")
+    (ws / "sub").chmod(0o755)
+    return ws
+
+
+async def _exec(t: Any, capsule_id: str, script: str) -> dict[str, Any]:
+    done = await t.call("capsule_exec", {"capsule_id": capsule_id, "cmd": ["sh", "-c", script]})
+    assert done["exit_code"] == 0, done
+    return done
+
+
+async def _refused(t: Any, tool: str, capsule_id: str) -> CcwError | None:
+    args = {"capsule_id": capsule_id, **({"cmd": ["true"]} if tool == "capsule_exec" else {})}
+    try:
+        await t.call(tool, args)
+    except CcwError as exc:
+        return exc
+    return None
+
+
+def test_a_stacked_merge_shows_what_the_donors_layers_hold_or_hide_as_the_merge_has_it(
+        tools: Any, tmp_path: Path) -> None:
+    ws = _workspace(tmp_path)
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        parent = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        first, middle = (await t.call("capsule_fork", {"capsule_id": parent, "count": 2}))["capsule_ids"]
+        await _exec(t, first, "echo first > a.txt; echo from-first > d/first.txt; echo q-first > q.txt; chmod 700 sub")
+        await _exec(t, middle, "echo q-middle > q.txt")
+        second = (await t.call("capsule_fork", {"capsule_id": middle}))["capsule_id"]
+        await _exec(t, second, "sed -i 's/nothing-matches/x/' a.txt; echo second > b.txt; rm c.txt q.txt; "
+                               "rm -rf d; mkdir d; echo from-second > d/second.txt; echo second > sub/x.txt")
+        merged = await t.call("capsule_merge", {"capsule_ids": [first, second], "into": "new"})
+        made = merged["capsule_id"]
+        look = await _exec(t, made, LOOK)
+        diff = await t.call("capsule_diff", {"capsule_id": made, "format": "json"})
+        frozen = {name: await _refused(t, "capsule_exec", one) for name, one in (("first", first), ("second", second))}
+        kept = await _refused(t, "capsule_destroy", second)
+        await t.call("capsule_destroy", {"capsule_id": made})
+        again = {name: await _refused(t, "capsule_exec", one) for name, one in (("first", first), ("second", second))}
+        return {"made": made, "look": look["stdout"], "diff": diff, "frozen": frozen, "kept": kept, "again": again}
+
+    out = tools.run(scenario)
+    assert out["look"].splitlines() == ["first", "second", "q-first", "first.txt", "second.txt", "700", "second",
+                                        "no-c"]
+    assert {f["path"]: f["status"] for f in out["diff"]["files"]} == {
+        "a.txt": "modified", "b.txt": "modified", "c.txt": "deleted", "q.txt": "added", "d/old.txt": "deleted",
+        "d/first.txt": "added", "d/second.txt": "added", "sub/x.txt": "modified"}
+    for name, refusal in out["frozen"].items():
+        assert refusal is not None and refusal.code == "CONFLICT" and out["made"] in refusal.message, name
+    assert out["kept"] is not None and out["kept"].code == "CONFLICT" and out["made"] in out["kept"].message
+    assert out["again"] == {"first": None, "second": None}
