@@ -81,13 +81,13 @@ from mcp_server.fs.gitignore import Scope
 from mcp_server.fs.statcache import StatCache
 from mcp_server.fs.view import RootView
 from mcp_server.journal_records import CapsuleRecord
+from sandbox.checks import MAX_DONORS
 from sandbox.errors import CcwError
 from sandbox.ops import ChangesRequest
 from sandbox.replies import Change, ChangesReply
 
 MERGE = TakesTurn("merge")
 MAX_INPUTS = 16
-MAX_DONORS = 8  # inputs stacked under a merged capsule beside the first (sandbox/ops.py's ForkRequest)
 MAX_LISTED = 1000  # paths listed in ``files``; ``counts`` has them all
 MAX_HELD_BYTES = 2 << 30  # every input's changed files are read into memory before anything is merged
 
