@@ -31,7 +31,9 @@ every text in them came from inside a capsule, so it is untrusted:
   interactive session of ``ccw capsule shell``).
 - ``files.written``  seq, count, paths (the first ``MAX_PATHS``): at the end of an exec;
   and while it runs, where fanotify traces it, with ``live: true`` and ``seq`` null, the
-  files closed after writing since the last progress report (about once a second);
+  files closed after writing since the last progress report (about once a second); and
+  for a merged capsule's changes, journaled at once (``merged``: its inputs, ``seq`` the
+  first of ``count`` file-tool changes);
   ``files.read``  seq, count, dirs (the ``MAX_DIRS`` directories most read from, with
   counts).
 - ``net.connection``  seq, host, port, protocol, allowed, rule, reason, bytes_in,

@@ -2,7 +2,9 @@
 
 ``capsules`` holds one row per capsule; ``execs`` and ``writes`` one per exec and per
 file-tool change (one sequence numbers both, within a capsule); ``exec_outputs`` what each
-exec printed, and ``capsule_base`` what the base held at each path a capsule changed.
+exec printed, and ``capsule_base`` what the base held at each path a capsule changed.  A
+merge's changes, thousands at once, are one ``write_batches`` row (numbered as that many
+``writes`` rows, which ``Journal.writes`` gives back) and one ``capsule_base_batches`` row.
 
 ``CREATE TABLE IF NOT EXISTS`` leaves a table made by an older ccw as it was, so a column
 added since the first release is listed in ``_ADDED_COLUMNS`` too, and ``State.add_columns``
@@ -90,6 +92,20 @@ CREATE TABLE IF NOT EXISTS capsule_base (
     path TEXT NOT NULL,
     state TEXT NOT NULL,
     PRIMARY KEY (capsule_id, path)
+);
+CREATE TABLE IF NOT EXISTS write_batches (
+    capsule_id TEXT NOT NULL REFERENCES capsules(capsule_id),
+    seq INTEGER NOT NULL,
+    count INTEGER NOT NULL,
+    generation INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    rows TEXT NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (capsule_id, seq)
+);
+CREATE TABLE IF NOT EXISTS capsule_base_batches (
+    capsule_id TEXT NOT NULL PRIMARY KEY REFERENCES capsules(capsule_id),
+    states TEXT NOT NULL
 );
 """
 # An exec the helper was given and whose row is not written yet, as its row would be if its end never

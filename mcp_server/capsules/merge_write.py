@@ -100,18 +100,24 @@ def stacked_start(view: RootView, plan: Plan, first: str, donors: Sequence[str])
     base, lower, sides = plan.base, plan.lower, plan.sides
     covers = {name: {path for path in plan.outcomes if sides[name][path] is not lower[path]} | plan.unlisted[name]
               for name in donors}
+    heads = {path.rpartition("/")[0] for path in plan.outcomes}
+    for head in list(heads):
+        while "/" in head:
+            head = head.rpartition("/")[0]
+            heads.add(head)
+    above = {name: covers[name] & heads for name in donors}  # what a donor names that may hide a path below it
     start: dict[str, State] = {}
     kept: dict[str, int] = {}
     for path, outcome in plan.outcomes.items():
         merged, shown, source = outcome.state, [], first
-        heads = [path[:i] for i, char in enumerate(path) if char == "/"]
         for name in donors:
             state = sides[name][path]
             if state is not base[path] and state != base[path]:  # its layers decide the path
                 shown.append(state)
                 source = name
                 break
-            if path in covers[name] or any(head in covers[name] for head in heads):
+            if path in covers[name] or (above[name] and any(
+                    path[:i] in above[name] for i, char in enumerate(path) if char == "/")):
                 shown.append(state)
                 source = ""
         else:
@@ -281,11 +287,11 @@ def _journal(state: Any, capsule_id: str, paths: list[str], contents: dict[str, 
              mtimes: dict[str, int], recorded: dict[str, str], inputs: Sequence[str]) -> None:
     """Journal the written paths as file tools' changes (capsules/notes.py's ``note_tool_changes``), with
     each file's mtime, in one transaction with the base states the inputs recorded (``recorded``: the
-    first record wins); and then the base's state where none is recorded yet."""
+    first record wins), as one batch of each (``Journal.add_merge``); and then the base's state where
+    none is recorded yet."""
     journal = Journal(state)
-    journal.add_writes(capsule_id, _rows(paths, contents, base, mtimes),
-                       base={key: state for key, state in recorded.items() if changeset.keyed_path(key) in contents},
-                       merged_from=inputs)
+    journal.add_merge(capsule_id, _rows(paths, contents, base, mtimes),
+                      {key: state for key, state in recorded.items() if changeset.keyed_path(key) in contents}, inputs)
     unrecorded = [path for path in paths if contents[path].kind != "dir" and path not in recorded]
     record = journal.capsule(capsule_id) if unrecorded else None
     if record is not None:
