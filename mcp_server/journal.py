@@ -162,10 +162,12 @@ class Journal:
         thousands of paths at once, and SQLite's work a row was most of its journaling (2,000 writes,
         2,000 ``file.changed`` events and 2,000 base states took 29 ms in bench/parts/merge.py's merge;
         the one row of each, its text and bytes about a fifth of that).  Each write's bytes are the
-        next ``size`` bytes of the batch's ``data``; ``writes`` gives each back as its own row."""
+        next ``size`` bytes of the batch's ``data``; ``writes`` gives each back as its own row.  A write may
+        name, as a seventh item, the capsule whose view holds its bytes instead (``source``: a merge's
+        input, frozen while the merged capsule lives, capsules/merge_write.py), read by its witness."""
         rows, data = [], []
-        for path, action, content, target, mode, mtime_ns in writes:
-            rows.append((path, action, None if content is None else len(content), target, mode, mtime_ns))
+        for path, action, content, target, mode, mtime_ns, *source in writes:
+            rows.append((path, action, None if content is None else len(content), target, mode, mtime_ns, *source))
             if content is not None:
                 data.append(content)
         with self.state.transaction() as db:
@@ -210,12 +212,13 @@ class Journal:
         rows = [dict(row) for row in self.state.execute("SELECT * FROM writes WHERE capsule_id = ?", (capsule_id,))]
         for batch in self.state.execute("SELECT * FROM write_batches WHERE capsule_id = ?", (capsule_id,)):
             data, at = bytes(batch["data"]), 0
-            for i, (path, action, size, target, mode, mtime_ns) in enumerate(json.loads(batch["rows"])):
+            for i, (path, action, size, target, mode, mtime_ns, *source) in enumerate(json.loads(batch["rows"])):
                 content = None if size is None else b2a_base64(data[at:at + size], newline=False).decode()
                 at += size or 0
                 rows.append({"capsule_id": capsule_id, "seq": batch["seq"] + i, "path": path, "action": action,
                              "content_b64": content, "target": target, "mode": mode,
-                             "generation": batch["generation"] + batch["step"] * i, "mtime_ns": mtime_ns})
+                             "generation": batch["generation"] + batch["step"] * i, "mtime_ns": mtime_ns,
+                             **({"source": source[0]} if source and source[0] else {})})
         return sorted(rows, key=lambda row: row["seq"])
 
     @staticmethod

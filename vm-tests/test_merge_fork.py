@@ -140,7 +140,7 @@ def test_a_first_input_running_a_service_is_not_forked(tools: Any, tmp_path: Pat
 
 def test_a_refusal_while_the_inputs_are_read_names_the_capsule(tools: Any, tmp_path: Path) -> None:
     """A file name that is not UTF-8 in the second input refuses the merge as the change list refuses it,
-    the message and details naming that input (merge._of), not only "the capsule's"; nothing is made."""
+    the message and details naming that input (merge_make.of_input), not only "the capsule's"; nothing is made."""
     ws = _workspace(tmp_path)
 
     async def scenario(t: Any) -> dict[str, Any]:

@@ -86,3 +86,52 @@ def test_a_stacked_merge_shows_what_the_donors_layers_hold_or_hide_as_the_merge_
         assert refusal is not None and refusal.code == "CONFLICT" and out["made"] in refusal.message, name
     assert out["kept"] is not None and out["kept"].code == "CONFLICT" and out["made"] in out["kept"].message
     assert out["again"] == {"first": None, "second": None}
+
+
+def test_an_input_running_a_service_is_not_stacked_and_its_files_are_written(tools: Any, tmp_path: Path) -> None:
+    """Stacking would freeze its service: the merged capsule is a fork of the first input alone, the
+    second's files (left unread while the merge was planned) read and written into it, the second
+    keeps running, and the merged capsule's witness replays."""
+    ws = _workspace(tmp_path)
+    serve = ["python3", "-m", "http.server", "8767", "--bind", "127.0.0.1"]
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        parent = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        first, second = (await t.call("capsule_fork", {"capsule_id": parent, "count": 2}))["capsule_ids"]
+        await _exec(t, first, "echo first > a.txt")
+        await _exec(t, second, "echo second > b.txt; mkdir -p new/deep; echo deep > new/deep/n.txt")
+        await t.call("capsule_service_start", {"capsule_id": second, "name": "web", "cmd": serve,
+                                               "ready": {"port": 8767}})
+        made = (await t.call("capsule_merge", {"capsule_ids": [first, second], "into": "new"}))["capsule_id"]
+        look = await _exec(t, made, "cat a.txt b.txt new/deep/n.txt")
+        running = await _refused(t, "capsule_exec", second)
+        witness = await t.call("capsule_witness", {"capsule_id": made})
+        replayed = await t.call("capsule_replay", {"witness_id": witness["witness_id"]})
+        await t.call("capsule_service_stop", {"capsule_id": second, "name": "web", "grace_ms": 1000})
+        return {"look": look["stdout"], "running": running, "replayed": replayed}
+
+    out = tools.run(scenario)
+    assert out["look"].splitlines() == ["first", "second", "deep"]
+    assert out["running"] is None
+    assert out["replayed"]["replay_ok"] is True, out["replayed"]
+
+
+def test_a_stacked_merges_witness_carries_the_inputs_files_and_replays(tools: Any, tmp_path: Path) -> None:
+    """The merged capsule's journal names the files only one input changed by that input (their bytes
+    were never read), and its witness reads them there: it replays, and carries their bytes."""
+    ws = _workspace(tmp_path)
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        parent = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        first, second = (await t.call("capsule_fork", {"capsule_id": parent, "count": 2}))["capsule_ids"]
+        await _exec(t, first, "echo first > a.txt; printf 'bin\\000ary' > first.bin")
+        await _exec(t, second, "echo second > b.txt; mkdir -p new/deep; echo deep > new/deep/n.txt")
+        made = (await t.call("capsule_merge", {"capsule_ids": [first, second], "into": "new"}))["capsule_id"]
+        witness = await t.call("capsule_witness", {"capsule_id": made})
+        replayed = await t.call("capsule_replay", {"witness_id": witness["witness_id"]})
+        frozen = await _refused(t, "capsule_exec", second)
+        return {"replayed": replayed, "frozen": frozen}
+
+    out = tools.run(scenario)
+    assert out["replayed"]["replay_ok"] is True, out["replayed"]
+    assert out["frozen"] is not None and out["frozen"].code == "CONFLICT"

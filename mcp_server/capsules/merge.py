@@ -70,9 +70,19 @@ from typing import Any
 import trio
 
 from mcp_server.capsules import gitdirs, merge_git, merge_write
-from mcp_server.capsules.merge3 import Outcome, State
+from mcp_server.capsules.merge3 import Outcome
 from mcp_server.capsules.merge_git import GIT_KEPT
-from mcp_server.capsules.merge_plan import Plan, Side, SideRead, combine, pairs, read_side
+from mcp_server.capsules.merge_make import make, of_input
+from mcp_server.capsules.merge_plan import (
+    Plan,
+    Side,
+    SideRead,
+    combine,
+    needing_bytes,
+    pairs,
+    read_side,
+    read_unread,
+)
 from mcp_server.capsules.promote import Request, _lineage, _live_states, _recorded_states, promote
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.turns import TakesTurn
@@ -81,7 +91,6 @@ from mcp_server.fs.gitignore import Scope
 from mcp_server.fs.statcache import StatCache
 from mcp_server.fs.view import RootView
 from mcp_server.journal_records import CapsuleRecord
-from sandbox.checks import MAX_DONORS
 from sandbox.errors import CcwError
 from sandbox.ops import ChangesRequest
 from sandbox.replies import Change, ChangesReply
@@ -179,25 +188,28 @@ def _unmoved_refs(every: list[CapsuleRecord], replies: dict[str, ChangesReply]) 
                            {"capsule_id": record.capsule_id, "refs": moved[0]["refs"]})
 
 
-def _of(capsule_id: str, exc: CcwError) -> CcwError:
-    """``exc``, raised while one input was listed or read, naming that input: a merge asks several,
-    and an error such as a file name that is not UTF-8 says "the capsule's" without saying which."""
-    if exc.details.get("capsule_id") == capsule_id:
-        return exc
-    named = CcwError(exc.code, f"capsule {capsule_id}: {exc.message}", {"capsule_id": capsule_id, **exc.details})
-    named.__cause__ = exc
-    return named
+def _within_memory(held: int, reply: ChangesReply) -> int:
+    """The bytes of the inputs' changed files so far, with ``reply``'s; TOO_LARGE past ``MAX_HELD_BYTES``."""
+    held += sum(change.size or 0 for change in reply.changes if change.type == "file")
+    if held > MAX_HELD_BYTES:
+        raise CcwError("TOO_LARGE", f"the inputs' changed files come to over {MAX_HELD_BYTES} bytes, more than a "
+                       "merge holds in memory at once (a sparse file costs no disk but is read whole); nothing was "
+                       "merged. Remove the large files in the capsules, or promote them one at a time",
+                       {"limit": MAX_HELD_BYTES})
+    return held
 
 
 async def _listed_and_read(service: CapsuleService, every: list[CapsuleRecord], low: RootView,
                            cache: trio.Event, infos: dict[str, os.stat_result],
-                           unlisted: dict[str, frozenset[str]]) -> dict[str, SideRead]:
+                           unlisted: dict[str, frozenset[str]], roots: dict[str, int]) -> dict[str, SideRead]:
     """Each capsule's change list, asked one after another, and each read through its view
     (``read_side``) as soon as its list is in, while the helper lists the next: the helper lists
     one capsule in about half the time it takes for two at once (its threads share one
     interpreter), and the front end reads the first meanwhile.  The inputs keyed in ``unlisted`` are
-    asked for their unlisted paths too (merge_write.stacked_start's).  No read starts before ``cache``
-    is set (the base directory's stat cache loaded: its clock must be read before any lstat).
+    asked for their unlisted paths too (merge_write.stacked_start's).  Those keyed in ``roots`` are
+    read lazily (their listed files' bytes left unread), a copy of each root kept there for
+    ``_read_needed``.  No read starts before ``cache`` is set (the base directory's stat cache
+    loaded: its clock must be read before any lstat).
     Refused whole if any fails (naming the capsule: ``_of``), or if a capsule's git moved refs
     (``_unmoved_refs``)."""
     replies: dict[str, ChangesReply] = {}
@@ -209,13 +221,16 @@ async def _listed_and_read(service: CapsuleService, every: list[CapsuleRecord], 
 
         def work() -> SideRead:
             nonlocal taken
+            lazy = capsule_id in roots
+            if lazy:
+                roots[capsule_id] = os.dup(root_fd)
             taken = True  # read_side closes the root from here on
-            return read_side(low, Side(capsule_id, root_fd, changes), infos)
+            return read_side(low, Side(capsule_id, root_fd, changes), infos, lazy)
         try:
             await cache.wait()
             reads[capsule_id] = await trio.to_thread.run_sync(work)
         except CcwError as exc:
-            failed.append(_of(capsule_id, exc))
+            failed.append(of_input(capsule_id, exc))
             scope.cancel()
         finally:
             if not taken:
@@ -230,15 +245,10 @@ async def _listed_and_read(service: CapsuleService, every: list[CapsuleRecord], 
                                                                                        unlisted=donor or None))
                 if donor:
                     unlisted[record.capsule_id] = frozenset(reply.unlisted or ())
-                held += sum(change.size or 0 for change in reply.changes if change.type == "file")
-                if held > MAX_HELD_BYTES:
-                    raise CcwError("TOO_LARGE", f"the inputs' changed files come to over {MAX_HELD_BYTES} bytes, "
-                                   "more than a merge holds in memory at once (a sparse file costs no disk but is "
-                                   "read whole); nothing was merged. Remove the large files in the capsules, or "
-                                   "promote them one at a time", {"limit": MAX_HELD_BYTES})
+                held = _within_memory(held, reply)
                 root_fd = await service.open_root(record.capsule_id)
             except CcwError as exc:
-                failed.append(_of(record.capsule_id, exc))
+                failed.append(of_input(record.capsule_id, exc))
                 nursery.cancel_scope.cancel()
                 return
             nursery.start_soon(read, record.capsule_id, reply.changes, root_fd, nursery.cancel_scope)
@@ -271,6 +281,7 @@ async def _read(service: CapsuleService, records: list[CapsuleRecord],
         loaded, caches = trio.Event(), []
         infos: dict[str, os.stat_result] = {}  # the base files' lstat, as the reads' ``expand`` took them
         unlisted = {one.capsule_id: frozenset[str]() for one in records[1:]}
+        roots = {one.capsule_id: -1 for one in records}  # lazily read: _read_needed reads what the merge needs
 
         async def load() -> None:
             caches.append(await trio.to_thread.run_sync(StatCache.load, service.state.root, lower))
@@ -294,18 +305,37 @@ async def _read(service: CapsuleService, records: list[CapsuleRecord],
                 nursery.start_soon(load)
                 nursery.start_soon(recorded)
                 try:
-                    reads = await _listed_and_read(service, every, low, loaded, infos, unlisted)
+                    reads = await _listed_and_read(service, every, low, loaded, infos, unlisted, roots)
                 except CcwError as exc:
                     failed.append(exc)
+            names, common = [record.capsule_id for record in records], ancestor.capsule_id if ancestor else None
+            await trio.to_thread.run_sync(_read_needed, None if failed else reads, roots, names, common, unlisted)
             if failed:
                 raise failed[0]
-            names, common = [record.capsule_id for record in records], ancestor.capsule_id if ancestor else None
             plan = await trio.to_thread.run_sync(_combined, service.state, low, names, common, reads, caches[0], infos)
             plan.unlisted = unlisted
         if not snapshot:
             paths = {path for states in each for path in states}
             live = await trio.to_thread.run_sync(_lower_recorded, paths, plan, records[0].workspace)
         return plan, generations, each, live
+
+
+def _read_needed(reads: dict[str, SideRead] | None, roots: dict[str, int], names: list[str], ancestor: str | None,
+                 unlisted: dict[str, frozenset[str]]) -> None:
+    """Read the files the lazy reads left unread whose bytes the merge needs (``needing_bytes``), each
+    input's through its root in ``roots``; a refusal names the input.  Every root is closed (none
+    read where ``reads`` is None: the reading failed)."""
+    try:
+        for name, paths in needing_bytes(reads, names, ancestor, unlisted).items() if reads is not None else ():
+            fd, roots[name] = roots[name], -1
+            try:
+                read_unread(fd, (reads or {})[name], paths)
+            except CcwError as exc:
+                raise of_input(name, exc) from None
+    finally:
+        for fd in roots.values():
+            if fd >= 0:
+                os.close(fd)
 
 
 def _combined(state: Any, low: RootView, names: list[str], ancestor: str | None, reads: dict[str, SideRead],
@@ -404,7 +434,7 @@ async def _merge(service: CapsuleService, question: Question) -> tuple[dict[str,
     result = report(question, plan, ancestor, records[0].base)
     if plan.conflicts or (question.dry_run and question.into == "new"):
         return {**result, "written": False}, None
-    made = await _make(service, records, generations, ancestor, plan, recorded, question.capsule_ids)
+    made = await make(service, records, generations, ancestor, plan, recorded, question.capsule_ids)
     if question.into == "new":
         return {**result, "written": True, "capsule_id": made.capsule_id}, None
     return result, made
@@ -440,54 +470,3 @@ def _below_no_dir(plan: Plan, path: str) -> bool:
         if parent is not None and parent.state is not None and parent.state.kind not in (None, "dir"):
             return True
     return False
-
-
-async def _make(service: CapsuleService, records: list[CapsuleRecord], generations: dict[str, int],
-                ancestor: CapsuleRecord | None, plan: Plan, recorded: dict[str, str],
-                inputs: tuple[str, ...]) -> CapsuleRecord:
-    """A journaled capsule holding the merge: a fork of the first input with the others' layers stacked
-    over it (``_forked``), else of the common ancestor, or a new one over the base; ``generations``:
-    the inputs' as their changes were read; ``inputs`` journaled as what it merged (promoting it
-    judges their runs, as an into-live merge does)."""
-    made, donors = await _forked(service, records)
-    start: dict[str, State] | tuple[str, tuple[str, ...]] = plan.base
-    if made is not None:
-        start = (records[0].capsule_id, donors) if donors else plan.sides[records[0].capsule_id]
-    else:
-        made = await (service.fork(ancestor.capsule_id) if ancestor is not None else
-                      service.create(records[0].spec, records[0].network_spec, records[0].volatile))
-    try:
-        for record in records[: 1 + len(donors)] if start is not plan.base else ():
-            if service.journal.generation(record.capsule_id) != generations[record.capsule_id]:
-                raise CcwError("CONFLICT", f"{record.capsule_id} changed while it was merged (a command or a file "
-                               "tool wrote to it): nothing was made; merge again", {"capsule_id": record.capsule_id})
-        root_fd = await service.open_root(made.capsule_id)
-        kept = plan.mtimes.get(records[0].capsule_id, {}) if start is not plan.base else {}
-        await trio.to_thread.run_sync(merge_write.write, service.state, made.capsule_id, root_fd, plan, recorded,
-                                      start, kept, inputs)
-    except BaseException:
-        with trio.CancelScope(shield=True):
-            await service.destroy(made.capsule_id)
-        raise
-    return made
-
-
-async def _forked(service: CapsuleService, records: list[CapsuleRecord]) -> tuple[CapsuleRecord | None,
-                                                                                   tuple[str, ...]]:
-    """A fork of the first input with the other inputs' layers stacked over it, in order (the helper's
-    ForkRequest ``donors``), and those donors; where the helper cannot stack them (another base
-    under one, a layer shared by two, too many layers: UNSUPPORTED or TOO_LARGE), a fork of the
-    first alone; (None, ()) where that cannot be made either, or the first runs services (a fork would
-    freeze them).  An input running services is no donor (it would be frozen too)."""
-    first, others = records[0].capsule_id, tuple(record.capsule_id for record in records[1:])
-    running = service.services.running if service.services is not None else (lambda capsule_id: False)
-    if running(first):
-        return None, ()
-    tries = [others, ()] if others and len(others) <= MAX_DONORS and not any(map(running, others)) else [()]
-    for donors in tries:
-        try:
-            return await service.fork(first, donors), donors
-        except CcwError as exc:
-            if exc.code not in ("TOO_LARGE", "UNSUPPORTED"):
-                raise
-    return None, ()

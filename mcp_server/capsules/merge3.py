@@ -72,10 +72,12 @@ class State:
         return hashed
 
     def same_bytes(self, other: State) -> bool:
-        """Whether both hold the same bytes (compared directly where both were read)."""
+        """Whether both hold the same bytes (compared directly where both were read); never where one's
+        are not known (a file a merge left unread, merge_plan's ``unread``, or no file at all)."""
         if self.data is not None and other.data is not None:
             return self.data == other.data
-        return self.digest == other.digest
+        digest = self.digest
+        return digest is not None and digest == other.digest
 
     def __eq__(self, other: object) -> bool:
         if self is other:  # a side that did not name a path holds the base's own state there

@@ -38,7 +38,7 @@ from mcp_server.fs import changeset
 from mcp_server.fs.statcache import StatCache, digest_of
 from mcp_server.fs.view import DirFds, RootView
 from mcp_server.fs.view import Side as ViewSide
-from sandbox.errors import from_oserror
+from sandbox.errors import CcwError, from_oserror
 from sandbox.replies import Change
 
 READERS = 2  # trees read at once: this VM's cores
@@ -179,32 +179,43 @@ class SideRead:
     olds: dict[str, ViewSide | None]
     states: dict[str, State]
     mtimes: dict[str, int]
+    unread: set[str] = field(default_factory=set)  # listed files whose bytes were left in the view (``lazy``)
+
+
+def unread(state: State) -> bool:
+    """Whether ``state`` is a file whose bytes a lazy ``read_side`` left in its view (no bytes, no digest)."""
+    return state.kind == "file" and state.data is None and state.known_digest is None
 
 
 STRUCTURAL = ("deleted", "opaque", "type_changed")  # changes whose base side ``expand`` widens to descendants
 
 
 def _read_listed(low: RootView, view: RootView, changes: Sequence[Change], infos: dict[str, os.stat_result],
-                 read: SideRead) -> list[Change]:
+                 read: SideRead, lazy: bool) -> list[Change]:
     """The files the helper listed as modified or added, read in one open each (its ``fstat`` gives
     the new state ``expand`` would ``lstat`` for), with the base's state under them, into ``read``;
     the changes left for ``expand``: every other kind, a file below a structural change (``expand``
-    names it as its directory's descendant), and one no longer a regular file."""
+    names it as its directory's descendant), and one no longer a regular file.  ``lazy``: such a
+    file is taken as the helper listed it, its bytes left unread (``SideRead.unread``)."""
     structural = {change.path for change in changes if change.kind in STRUCTURAL}
     rest: list[Change] = []
     with DirFds(view) as dirs, DirFds(low) as base_dirs:
         for change in changes:
             path = change.path
             got = None
-            if change.kind in ("modified", "added") and change.type == "file" and not (
+            if change.kind in ("modified", "added") and change.type == "file" and change.mode is not None and not (
                     structural and any(path[:i] in structural for i, char in enumerate(path) if char == "/")):
-                got = dirs.read_stat(path)
+                got = (None, change.mode, None) if lazy else _stat_read(dirs, path)
             if got is None:
                 rest.append(change)
                 continue
-            data, st = got
-            read.named[path] = new = ViewSide("file", stat.S_IMODE(st.st_mode), None)
-            read.states[path], read.mtimes[path] = State("file", new.mode, data), st.st_mtime_ns
+            data, mode, mtime = got
+            read.named[path] = ViewSide("file", mode, None)
+            read.states[path] = State("file", mode, data)
+            if mtime is None:
+                read.unread.add(path)
+            else:
+                read.mtimes[path] = mtime
             old, info = base_dirs.lstat_info(path)
             if old is not None and old.kind == "file" and info is not None:
                 infos[path] = info
@@ -212,15 +223,22 @@ def _read_listed(low: RootView, view: RootView, changes: Sequence[Change], infos
     return rest
 
 
-def read_side(low: RootView, side: Side, infos: dict[str, os.stat_result]) -> SideRead:
+def _stat_read(dirs: DirFds, path: str) -> tuple[bytes, int, int] | None:
+    """A regular file's bytes, mode and mtime, read in one open; None for anything else."""
+    got = dirs.read_stat(path)
+    return None if got is None else (got[0], stat.S_IMODE(got[1].st_mode), got[1].st_mtime_ns)
+
+
+def read_side(low: RootView, side: Side, infos: dict[str, os.stat_result], lazy: bool = False) -> SideRead:
     """``expand`` one capsule's change list against the base directory ``low`` and read the states
     it names (files' bytes too); its root is closed.  ``infos`` gathers the base files' lstat, as
     ``expand`` took them, for ``combine`` (one dict for all sides: each entry is one atomic store).
     The files listed as modified or added are read first, each in one open (``_read_listed``: a
-    merge's inputs list little else, and an ``lstat`` on overlayfs costs a third of a read)."""
+    merge's inputs list little else, and an ``lstat`` on overlayfs costs a third of a read); with
+    ``lazy`` they are not read at all, until ``read_unread`` reads those a merge needs."""
     read = SideRead({}, {}, {}, {})
     with RootView.from_fd(side.root_fd) as view:
-        rest = _read_listed(low, view, side.changes, infos, read)
+        rest = _read_listed(low, view, side.changes, infos, read, lazy)
         entries = changeset.expand(rest, low, view, infos)
         named = {entry.path: entry.new for entry in entries}
         states, mtimes = _states(view, named)
@@ -229,6 +247,45 @@ def read_side(low: RootView, side: Side, infos: dict[str, os.stat_result]) -> Si
     read.states.update(states)
     read.mtimes.update(mtimes)
     return read
+
+
+def needing_bytes(reads: dict[str, SideRead], inputs: list[str], ancestor: str | None,
+                  unlisted: dict[str, frozenset[str]]) -> dict[str, set[str]]:
+    """The files a lazy ``read_side`` left unread whose bytes a merge needs, by input: where two sides
+    (or the common ancestor) name the path, its bytes are merged; where another input names it, a
+    directory above it, or holds it unnamed (``unlisted``), a capsule stacking their layers may show
+    it otherwise than the merge, and it is written (merge_write.stacked_start)."""
+    every = [*inputs, *([ancestor] if ancestor else [])]
+    twice = _needing_bytes({name: reads[name].named for name in every}, ancestor)
+    hiders = {name: reads[name].named.keys() | unlisted.get(name, frozenset()) for name in inputs}
+    heads = {path.rpartition("/")[0] for name in inputs for path in reads[name].unread}
+    for head in list(heads):
+        while "/" in head:
+            head = head.rpartition("/")[0]
+            heads.add(head)
+    above = {name: hiders[name] & heads for name in inputs}
+    needed: dict[str, set[str]] = {}
+    for name in inputs:
+        others = [other for other in inputs if other != name]
+        needed[name] = {path for path in reads[name].unread if path in twice or any(
+            path in unlisted.get(other, ()) or (above[other] and any(
+                path[:i] in above[other] for i, char in enumerate(path) if char == "/")) for other in others)}
+    return needed
+
+
+def read_unread(root_fd: int, read: SideRead, paths: set[str]) -> None:
+    """Read the bytes of ``paths``, files a lazy ``read_side`` left unread, through the view ``root_fd``
+    (closed after) into ``read``; refused where one is no longer a regular file."""
+    with RootView.from_fd(root_fd) as view, DirFds(view) as dirs:
+        for path in sorted(paths, key=_key):
+            got = _stat_read(dirs, path)
+            if got is None:
+                raise CcwError("CONFLICT", f"{path} is no longer a regular file in the capsule it was listed in "
+                               "(it changed while it was merged): nothing was made; merge again", {"path": path})
+            data, mode, mtime = got
+            read.named[path] = ViewSide("file", mode, None)
+            read.states[path], read.mtimes[path] = State("file", mode, data), mtime
+            read.unread.discard(path)
 
 
 def combine(low: RootView, sides: list[str], ancestor: str | None, reads: dict[str, SideRead],

@@ -46,7 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from mcp_server.capsules.merge3 import ABSENT, State
-from mcp_server.capsules.merge_plan import Plan
+from mcp_server.capsules.merge_plan import Plan, unread
 from mcp_server.capsules.notes import record_base_states
 from mcp_server.fs import changeset
 from mcp_server.fs.promote import Op, make_symlink
@@ -246,13 +246,17 @@ def _write(view: RootView, ops: list[Op], contents: dict[str, State], start: dic
         return writer.mtimes
 
 
-Row = tuple[str, str, bytes | None, str | None, int | None, int | None]
+Row = tuple[Any, ...]  # (path, action, bytes, target, mode, mtime_ns[, source]): Journal.add_merge's
 KEEP = ".ccw-merge-dir"  # journaled written then deleted, so that a replay makes an empty directory
 
 
-def _rows(paths: list[str], contents: dict[str, State], base: dict[str, State], mtimes: dict[str, int]) -> list[Row]:
+def _rows(paths: list[str], contents: dict[str, State], base: dict[str, State], mtimes: dict[str, int],
+          sources: dict[str, str]) -> list[Row]:
     """The journal's rows for the written paths, in path order, then each directory's mode; a file's
     bytes where it has an mtime (``mtimes``: the files whose bytes are not the base's), else its mode.
+    A file whose bytes the merge left unread (merge_plan.read_side's ``lazy``) names instead the
+    input whose view holds them (``sources``): frozen while the merged capsule lives, it gives a
+    witness of it the same bytes (``Journal.add_merge``).
 
     The journal has no row for a directory (a file tool makes none), and a replay makes a
     file's parents as it writes it, with mode 755: so a directory the merge made is
@@ -270,7 +274,7 @@ def _rows(paths: list[str], contents: dict[str, State], base: dict[str, State], 
         elif merged.kind == "symlink":
             rows.append((path, "symlink", None, merged.target, None, None))
         elif merged.kind == "file" and path in mtimes:
-            rows.append((path, "write", merged.data, None, merged.mode, mtimes[path]))
+            rows.append((path, "write", merged.data, None, merged.mode, mtimes[path], sources.get(path)))
         elif merged.kind == "file":
             rows.append((path, "chmod", None, None, merged.mode, None))  # only its mode changed
         else:
@@ -283,14 +287,15 @@ def _rows(paths: list[str], contents: dict[str, State], base: dict[str, State], 
     return rows + modes
 
 
-def _journal(state: Any, capsule_id: str, paths: list[str], contents: dict[str, State], base: dict[str, State],
+def _journal(state: Any, capsule_id: str, paths: list[str], plan: Plan, contents: dict[str, State],
              mtimes: dict[str, int], recorded: dict[str, str], inputs: Sequence[str]) -> None:
     """Journal the written paths as file tools' changes (capsules/notes.py's ``note_tool_changes``), with
     each file's mtime, in one transaction with the base states the inputs recorded (``recorded``: the
     first record wins), as one batch of each (``Journal.add_merge``); and then the base's state where
     none is recorded yet."""
     journal = Journal(state)
-    journal.add_merge(capsule_id, _rows(paths, contents, base, mtimes),
+    sources = {path: plan.outcomes[path].sides[0] for path in paths if unread(contents[path])}
+    journal.add_merge(capsule_id, _rows(paths, contents, plan.base, mtimes, sources),
                       {key: state for key, state in recorded.items() if changeset.keyed_path(key) in contents}, inputs)
     unrecorded = [path for path in paths if contents[path].kind != "dir" and path not in recorded]
     record = journal.capsule(capsule_id) if unrecorded else None
@@ -317,6 +322,5 @@ def write(state: Any, capsule_id: str, root_fd: int, plan: Plan, recorded: dict[
             start, kept = stacked_start(view, plan, *start)
         mtimes = _apply(view, ops_of(plan, start), contents, start)
         mtimes.update(_held(view, [path for path in dated if path not in mtimes], kept or {}))
-    _journal(state, capsule_id, changed, contents, plan.base, {path: mtimes[path] for path in dated}, recorded,
-             inputs)
+    _journal(state, capsule_id, changed, plan, contents, {path: mtimes[path] for path in dated}, recorded, inputs)
     return changed

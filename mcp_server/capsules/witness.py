@@ -50,7 +50,7 @@ import os
 import signal
 import stat
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -174,13 +174,15 @@ def _services_unended(execs: list[dict[str, Any]]) -> list[str]:
     return sorted(unended)
 
 
-def _write_entry(write: dict[str, Any], sources: _Sources) -> dict[str, Any]:
+def _write_entry(write: dict[str, Any], sources: _Sources, held: Mapping[str, RootView]) -> dict[str, Any]:
     content = write.get("content_b64")
+    data = base64.b64decode(content) if content is not None else held[write["source"]].read_bytes(
+        write["path"]) if write.get("source") else None  # a merge's: in the input it came from (frozen)
     return {
         "seq": write["seq"],
         "path": write["path"],
         "action": write["action"],
-        "blob": sources.add_bytes(base64.b64decode(content)) if content is not None else None,
+        "blob": sources.add_bytes(data) if data is not None else None,
         "target": write.get("target"),
         "mode": write.get("mode"),
         "mtime_ns": write.get("mtime_ns"),  # None: recorded before mtimes were kept
@@ -205,9 +207,9 @@ def build_manifest(
     outputs: dict[tuple[int, str], tuple[bytes, int]] | None = None,
     max_base_bytes: int = DEFAULT_MAX_BASE_MB << 20,
     carry_all: bool = False,
-    service_runs: list[dict[str, Any]] | None = None,
+    service_runs: list[dict[str, Any]] | None = None, held: Mapping[str, RootView] | None = None,
 ) -> tuple[dict[str, Any], _Sources]:
-    """The manifest of a capsule's witness, and where to read each blob it names."""
+    """The manifest of a capsule's witness, and where to read each blob it names (``held``: a merge's inputs)."""
     _refuse_sessions(record, execs)
     sources = _Sources(base, capsule)
     entries = changeset.expand(changes, base, capsule)
@@ -255,7 +257,7 @@ def build_manifest(
             **({"gitdirs": list(record.spec.gitdirs)} if record.spec.gitdirs else {}),
         },
         "execs": [_exec_entry(ex, sources, outputs or {}) for ex in execs],
-        "writes": [_write_entry(w, sources) for w in writes or []],
+        "writes": [_write_entry(w, sources, held or {}) for w in writes or []],
         "changes": change_items,
     }
     return manifest, sources
@@ -374,11 +376,21 @@ async def make_witness(service: CapsuleService, capsule_id: str, options: Witnes
     running, unknown_reads = None, None
     if _services_unended(own) and not options.carry_all:
         running, unknown_reads = await _services_so_far(service, record, own)
+    held: dict[str, RootView] = {}  # a merge's inputs whose files its writes name (frozen under it)
+    try:
+        for source in sorted({w["source"] for w in writes if w.get("source")}):
+            held[source] = RootView.from_fd(await service.open_root(source))
+    except BaseException:
+        for view in [RootView.from_fd(root_fd), *held.values()]:
+            view.close()
+        raise
 
     def work() -> dict[str, Any]:
-        with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
+        with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base, contextlib.ExitStack() as stack:
+            for view in held.values():
+                stack.enter_context(view)
             manifest, sources = build_manifest(record, execs, changes, base, capsule, options.include_blobs, writes,
-                                               outputs, options.max_base_mb << 20, options.carry_all, running)
+                                               outputs, options.max_base_mb << 20, options.carry_all, running, held)
             # The helper's change list refuses names that are not UTF-8 (replies.ChangesReply), but the
             # children of a directory the capsule deleted, and the base files carried, are walked here.
             rawnames.refuse([change["path"] for change in manifest["changes"]], "changes", rawnames.IN_WORKSPACE)
