@@ -257,16 +257,16 @@ class CapsuleManager:
     # --- queries -------------------------------------------------------------------
 
     def changes(self, capsule_id: str, caller_uid: int, leave_not_utf8: bool = False,
-                unlisted: bool = False) -> ChangesReply:
+                unlisted: bool = False, mtimes: bool = False) -> ChangesReply:
         """The capsule's changes against its base, sorted by path (see upperscan.collect_changes);
         ``leave_not_utf8``: those naming something that is not UTF-8 left out, not refused;
-        ``unlisted``: with what its uppers hold that no change names (sorted too)."""
+        ``unlisted``: with what its uppers hold that no change names (sorted too); ``mtimes``: files'."""
         capsule = self._get(capsule_id, caller_uid)
         with self._lock:
             capsule_mounts.ensure_disks(capsule, self._capsules, self.rootless)
         uppers = [capsule.path("upper"), *capsule.lowers[: capsule.layers_above_base]]
         held: list[str] | None = [] if unlisted else None
-        found = upperscan.collect_changes(uppers, capsule.base_lowers, held)
+        found = upperscan.collect_changes(uppers, capsule.base_lowers, held, mtimes)
         shown = gitdirs.changes(capsule) if capsule.spec.gitdirs else None
         if leave_not_utf8:
             return ChangesReply.carried(tuple(found), shown)

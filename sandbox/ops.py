@@ -128,7 +128,7 @@ OPS: dict[str, OpSpec] = {
         ),
         _op("changes", """Reads the upper dir of the caller's own capsule: names, types, modes, sizes,
             symlink targets (read with readlink, never followed).  No file content.""",
-            _CAPSULE, {"leave_not_utf8": checks.boolean, "unlisted": checks.boolean}),
+            _CAPSULE, {"leave_not_utf8": checks.boolean, "unlisted": checks.boolean, "mtimes": checks.boolean}),
         _op(
             "fork",
             """Creates a capsule stacked on one the caller owns; the child sees exactly what
@@ -374,6 +374,7 @@ class ChangesRequest(CapsuleRequest[ChangesReply]):
     reply = ChangesReply
     leave_not_utf8: bool | None = None
     unlisted: bool | None = None
+    mtimes: bool | None = None  # files' mtimes too (``Change.mtime_ns``)
 
 
 @dataclass(frozen=True)

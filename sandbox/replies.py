@@ -124,8 +124,9 @@ class Change(OpReply):
     mode: int | None = None  # permission bits (S_IMODE) of the new entry
     size: int | None = None  # regular files only
     target: str | None = None  # symlinks only, as readlink says, never followed
+    mtime_ns: int | None = None  # an added or modified file's, when asked (ChangesRequest ``mtimes``)
 
-    optional_fields = ("mode", "size", "target")
+    optional_fields = ("mode", "size", "target", "mtime_ns")
 
 
 @dataclass(frozen=True)

@@ -253,7 +253,7 @@ class Dispatcher:
     def _changes(self, request: ChangesRequest, peer: Peer,
                  progress: Progress | None) -> tuple[ChangesReply, list[int]]:
         return self.manager.changes(request.capsule_id, peer.uid, bool(request.leave_not_utf8),
-                                    bool(request.unlisted)), []
+                                    bool(request.unlisted), bool(request.mtimes)), []
 
     def _fork(self, request: ForkRequest, peer: Peer, progress: Progress | None) -> tuple[ForkReply, list[int]]:
         return self.manager.fork(request.capsule_id, peer.uid, peer.gid, request.donors), []

@@ -40,7 +40,7 @@ def _same_bytes(a: tuple[int, str], b: tuple[int, str]) -> bool:
 
 
 def _entry_change(rel: str, at: tuple[int, str], st: os.stat_result,
-                  base: tuple[int, str, os.stat_result] | None) -> Change | None:
+                  base: tuple[int, str, os.stat_result] | None, mtimes: bool = False) -> Change | None:
     """Classify one non-directory upper entry (``at``: its directory's descriptor and its name)
     against the base entry below it (``_Below.lookup``'s)."""
     ftype = kind_of(st.st_mode)
@@ -50,7 +50,7 @@ def _entry_change(rel: str, at: tuple[int, str], st: os.stat_result,
     if ftype == "symlink":
         mode = None  # symlink permission bits mean nothing on Linux
     if base is None:
-        return Change(rel, "added", ftype, mode, size, target)
+        return Change(rel, "added", ftype, mode, size, target, st.st_mtime_ns if mtimes and size is not None else None)
     base_fd, base_name, base_st = base
     if stat.S_IFMT(base_st.st_mode) != stat.S_IFMT(st.st_mode):
         return Change(rel, "type_changed", ftype, mode, size, target)
@@ -63,15 +63,16 @@ def _entry_change(rel: str, at: tuple[int, str], st: os.stat_result,
     else:
         same = base_st.st_rdev == st.st_rdev
     if not same:
-        return Change(rel, "modified", ftype, mode, size)
+        return Change(rel, "modified", ftype, mode, size, None, st.st_mtime_ns if mtimes else None)
     if stat.S_IMODE(base_st.st_mode) != mode:
         return Change(rel, "mode_changed", ftype, mode, size)
     return None  # copied up (opened for write, touched) but equal in bytes and mode
 
 
 def collect_changes(upper: str | Sequence[str], lowers: Sequence[str],
-                    unlisted: list[str] | None = None) -> list[Change]:
-    """What the upper dir(s) change relative to ``lowers``, sorted by path bytes; with ``unlisted``,
+                    unlisted: list[str] | None = None, mtimes: bool = False) -> list[Change]:
+    """What the upper dir(s) change relative to ``lowers``, sorted by path bytes (``mtimes``: an added
+    or modified file's with its mtime, which a merge journals without reading the file); with ``unlisted``,
     the paths of the entries the rules below leave out gathered there too (unsorted): files copied up
     unchanged and whiteouts over nothing in the base.  Each hides what a layer stacked under these
     uppers would show at its path, though none changes the capsule's view (a merged capsule stacks
@@ -116,7 +117,7 @@ def collect_changes(upper: str | Sequence[str], lowers: Sequence[str],
                         unlisted.append(rel)
                     continue
                 if not stat.S_ISDIR(st.st_mode):
-                    change = _entry_change(rel, at, st, base)
+                    change = _entry_change(rel, at, st, base, mtimes)
                     if change is None and unlisted is not None:
                         unlisted.append(rel)
                 else:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from mcp_server.journal import Journal
 from sandbox.errors import CcwError
 
 LOOK = ("cat a.txt b.txt q.txt; ls d; stat -c '%a' sub; cat sub/x.txt; test -e c.txt || echo no-c")
@@ -127,11 +128,21 @@ def test_a_stacked_merges_witness_carries_the_inputs_files_and_replays(tools: An
         await _exec(t, first, "echo first > a.txt; printf 'bin\\000ary' > first.bin")
         await _exec(t, second, "echo second > b.txt; mkdir -p new/deep; echo deep > new/deep/n.txt")
         made = (await t.call("capsule_merge", {"capsule_ids": [first, second], "into": "new"}))["capsule_id"]
+        shown = await _exec(t, made, "stat -c '%n %.9Y' a.txt b.txt new/deep/n.txt")
+        rows = {row["path"]: row for row in Journal(t.runtime.state).writes(made)}
         witness = await t.call("capsule_witness", {"capsule_id": made})
         replayed = await t.call("capsule_replay", {"witness_id": witness["witness_id"]})
         frozen = await _refused(t, "capsule_exec", second)
-        return {"replayed": replayed, "frozen": frozen}
+        return {"replayed": replayed, "frozen": frozen, "shown": shown["stdout"], "rows": rows}
 
     out = tools.run(scenario)
     assert out["replayed"]["replay_ok"] is True, out["replayed"]
     assert out["frozen"] is not None and out["frozen"].code == "CONFLICT"
+    # journaled by the input holding each file, with the mtime the merged capsule shows (the helper's listing's)
+    assert {path: (row["content_b64"], row.get("source")) for path, row in out["rows"].items()
+            if path in ("a.txt", "b.txt")} == {"a.txt": (None, out["rows"]["a.txt"]["source"]),
+                                               "b.txt": (None, out["rows"]["b.txt"]["source"])}
+    assert out["rows"]["a.txt"]["source"] != out["rows"]["b.txt"]["source"]
+    for line in out["shown"].splitlines():
+        path, seconds = line.split()
+        assert out["rows"][path]["mtime_ns"] == int(seconds.replace(".", "")), line

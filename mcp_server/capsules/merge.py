@@ -240,9 +240,9 @@ async def _listed_and_read(service: CapsuleService, every: list[CapsuleRecord], 
         held = 0
         for record in every:
             try:
-                donor = record.capsule_id in unlisted
-                reply = replies[record.capsule_id] = await service.call(ChangesRequest(record.capsule_id,
-                                                                                       unlisted=donor or None))
+                donor, lazy = record.capsule_id in unlisted, record.capsule_id in roots
+                reply = replies[record.capsule_id] = await service.call(ChangesRequest(
+                    record.capsule_id, unlisted=donor or None, mtimes=lazy or None))
                 if donor:
                     unlisted[record.capsule_id] = frozenset(reply.unlisted or ())
                 held = _within_memory(held, reply)

@@ -205,16 +205,16 @@ def _read_listed(low: RootView, view: RootView, changes: Sequence[Change], infos
             got = None
             if change.kind in ("modified", "added") and change.type == "file" and change.mode is not None and not (
                     structural and any(path[:i] in structural for i, char in enumerate(path) if char == "/")):
-                got = (None, change.mode, None) if lazy else _stat_read(dirs, path)
+                got = (None, change.mode, change.mtime_ns) if lazy else _stat_read(dirs, path)
             if got is None:
                 rest.append(change)
                 continue
             data, mode, mtime = got
             read.named[path] = ViewSide("file", mode, None)
             read.states[path] = State("file", mode, data)
-            if mtime is None:
+            if data is None:
                 read.unread.add(path)
-            else:
+            if mtime is not None:  # lazily, as listed (ChangesRequest ``mtimes``): the view shows that file
                 read.mtimes[path] = mtime
             old, info = base_dirs.lstat_info(path)
             if old is not None and old.kind == "file" and info is not None:
