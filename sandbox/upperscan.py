@@ -71,12 +71,10 @@ def _entry_change(rel: str, at: tuple[int, str], st: os.stat_result,
 
 def collect_changes(upper: str | Sequence[str], lowers: Sequence[str],
                     unlisted: list[str] | None = None, mtimes: bool = False) -> list[Change]:
-    """What the upper dir(s) change relative to ``lowers``, sorted by path bytes (``mtimes``: an added
-    or modified file's with its mtime, which a merge journals without reading the file); with ``unlisted``,
-    the paths of the entries the rules below leave out gathered there too (unsorted): files copied up
-    unchanged and whiteouts over nothing in the base.  Each hides what a layer stacked under these
-    uppers would show at its path, though none changes the capsule's view (a merged capsule stacks
-    its inputs' layers, capsules/merge_write.py).
+    """What the upper dir(s) change relative to ``lowers``, sorted by path bytes (``mtimes``: an added or
+    modified file's with its mtime, which a merge journals unread); with ``unlisted``, the paths the rules
+    below leave out gathered there (unsorted): files copied up unchanged and whiteouts over nothing in
+    the base, which hide what a layer stacked under these uppers shows (capsules/merge_write.py).
 
     ``upper`` is one upper dir, or a stack of them top first (a fork: its own upper over
     its parents'), read as the single layer they make together.  Rules:
