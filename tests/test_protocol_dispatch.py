@@ -84,7 +84,8 @@ class ManagerDouble:
             return exec_reply(b"A" * (7 * 1024 * 1024))  # 9.3 MiB as base64
         return exec_reply()
 
-    def changes(self, capsule_id: str, caller_uid: int, leave_not_utf8: bool = False) -> ChangesReply:
+    def changes(self, capsule_id: str, caller_uid: int, leave_not_utf8: bool = False, unlisted: bool = False,
+                mtimes: bool = False) -> ChangesReply:
         self._record("changes", capsule_id, caller_uid)
         if capsule_id == "cap_other":
             raise CcwError("PERMISSION_DENIED", "capsule belongs to another user")
@@ -186,7 +187,7 @@ def test_failures_become_ccw_errors(manager: ManagerDouble, op: str, args: dict[
 
 
 def test_a_reply_of_another_op_is_an_internal_error(manager: ManagerDouble, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(manager, "changes", lambda capsule_id, caller_uid, leave_not_utf8=False: {"changes": []})
+    monkeypatch.setattr(manager, "changes", lambda capsule_id, caller_uid, *flags: {"changes": []})
     with pytest.raises(CcwError) as info:
         dispatch(manager, "changes", {"capsule_id": "cap_1"})
     assert info.value.code == "INTERNAL" and "not ChangesReply" in info.value.message

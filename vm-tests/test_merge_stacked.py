@@ -27,14 +27,15 @@ from typing import Any
 from mcp_server.journal import Journal
 from sandbox.errors import CcwError
 
-LOOK = ("cat a.txt b.txt q.txt; ls d; stat -c '%a' sub; cat sub/x.txt; test -e c.txt || echo no-c")
+LOOK = ("cat a.txt b.txt q.txt; ls d; stat -c '%a' sub; cat sub/x.txt; test -e c.txt || echo no-c; ls e")
 
 
 def _workspace(tmp_path: Path) -> Path:
     ws = tmp_path / "ws"
     (ws / "d").mkdir(parents=True)
+    (ws / "e").mkdir()
     (ws / "sub").mkdir()
-    for name in ("a.txt", "b.txt", "c.txt", "d/old.txt", "sub/x.txt"):
+    for name in ("a.txt", "b.txt", "c.txt", "d/old.txt", "e/kept.txt", "e/gone.txt", "sub/x.txt"):
         (ws / name).write_text(f"{name} base\n")
     (ws / "sub").chmod(0o755)
     return ws
@@ -62,7 +63,8 @@ def test_a_stacked_merge_shows_what_the_donors_layers_hold_or_hide_as_the_merge_
     async def scenario(t: Any) -> dict[str, Any]:
         parent = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
         first, middle = (await t.call("capsule_fork", {"capsule_id": parent, "count": 2}))["capsule_ids"]
-        await _exec(t, first, "echo first > a.txt; echo from-first > d/first.txt; echo q-first > q.txt; chmod 700 sub")
+        await _exec(t, first, "echo first > a.txt; echo from-first > d/first.txt; echo q-first > q.txt; chmod 700 sub; "
+                              "rm -rf e; mkdir -p e/empty; echo 'e/kept.txt base' > e/kept.txt")
         await _exec(t, middle, "echo q-middle > q.txt")
         second = (await t.call("capsule_fork", {"capsule_id": middle}))["capsule_id"]
         await _exec(t, second, "sed -i 's/nothing-matches/x/' a.txt; echo second > b.txt; rm c.txt q.txt; "
@@ -71,18 +73,24 @@ def test_a_stacked_merge_shows_what_the_donors_layers_hold_or_hide_as_the_merge_
         made = merged["capsule_id"]
         look = await _exec(t, made, LOOK)
         diff = await t.call("capsule_diff", {"capsule_id": made, "format": "json"})
+        witness = await t.call("capsule_witness", {"capsule_id": made})
+        replayed = await t.call("capsule_replay", {"witness_id": witness["witness_id"]})
         frozen = {name: await _refused(t, "capsule_exec", one) for name, one in (("first", first), ("second", second))}
         kept = await _refused(t, "capsule_destroy", second)
         await t.call("capsule_destroy", {"capsule_id": made})
         again = {name: await _refused(t, "capsule_exec", one) for name, one in (("first", first), ("second", second))}
-        return {"made": made, "look": look["stdout"], "diff": diff, "frozen": frozen, "kept": kept, "again": again}
+        return {"made": made, "look": look["stdout"], "diff": diff, "frozen": frozen, "kept": kept, "again": again,
+                "replayed": replayed}
 
     out = tools.run(scenario)
     assert out["look"].splitlines() == ["first", "second", "q-first", "first.txt", "second.txt", "700", "second",
-                                        "no-c"]
+                                        "no-c", "empty", "kept.txt"]
     assert {f["path"]: f["status"] for f in out["diff"]["files"]} == {
         "a.txt": "modified", "b.txt": "modified", "c.txt": "deleted", "q.txt": "added", "d/old.txt": "deleted",
-        "d/first.txt": "added", "d/second.txt": "added", "sub/x.txt": "modified"}
+        "d/first.txt": "added", "d/second.txt": "added", "sub/x.txt": "modified", "e/gone.txt": "deleted"}
+    # Both inputs replaced a directory (d, e: opaque), e with a file the base held: the journal
+    # deletes and remakes them, so a replay from the base shows them as the merged capsule does.
+    assert out["replayed"]["replay_ok"] is True, out["replayed"].get("mismatches")
     for name, refusal in out["frozen"].items():
         assert refusal is not None and refusal.code == "CONFLICT" and out["made"] in refusal.message, name
     assert out["kept"] is not None and out["kept"].code == "CONFLICT" and out["made"] in out["kept"].message

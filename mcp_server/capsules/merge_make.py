@@ -37,11 +37,13 @@ async def make(service: CapsuleService, records: list[CapsuleRecord], generation
     judges their runs, as an into-live merge does)."""
     made, donors = await _forked(service, records)
     start: dict[str, State] | tuple[str, tuple[str, ...]] = plan.base
-    if made is not None:
+    if made is not None:  # the capsules whose layers it lies on, first
         start = (records[0].capsule_id, donors) if donors else plan.sides[records[0].capsule_id]
+        shown = [records[0].capsule_id, *donors]
     else:
         made = await (service.fork(ancestor.capsule_id) if ancestor is not None else
                       service.create(records[0].spec, records[0].network_spec, records[0].volatile))
+        shown = [ancestor.capsule_id] if ancestor is not None else []
     try:
         for record in records[: 1 + len(donors)] if start is not plan.base else ():
             if service.journal.generation(record.capsule_id) != generations[record.capsule_id]:
@@ -52,7 +54,7 @@ async def make(service: CapsuleService, records: list[CapsuleRecord], generation
         root_fd = await service.open_root(made.capsule_id)
         kept = plan.mtimes.get(records[0].capsule_id, {}) if start is not plan.base else {}
         await trio.to_thread.run_sync(merge_write.write, service.state, made.capsule_id, root_fd, plan, recorded,
-                                      start, kept, inputs)
+                                      start, kept, inputs, shown)
     except BaseException:
         with trio.CancelScope(shield=True):
             await service.destroy(made.capsule_id)

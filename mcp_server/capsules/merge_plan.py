@@ -63,6 +63,7 @@ class Plan:
     lower: dict[str, State] = field(default_factory=dict)  # the capsules' base directory (``base`` without an ancestor)
     mtimes: dict[str, dict[str, int]] = field(default_factory=dict)  # capsule -> path -> its file's mtime (ns), as read
     unlisted: dict[str, frozenset[str]] = field(default_factory=dict)  # donor -> ChangesReply.unlisted
+    opaque: dict[str, set[str]] = field(default_factory=dict)  # capsule -> the directories its list says it replaced
 
     @property
     def conflicts(self) -> list[Outcome]:
@@ -180,6 +181,7 @@ class SideRead:
     states: dict[str, State]
     mtimes: dict[str, int]
     unread: set[str] = field(default_factory=set)  # listed files whose bytes were left in the view (``lazy``)
+    opaque: set[str] = field(default_factory=set)  # directories listed as replaced (opaque: nothing of the base below)
 
 
 def unread(state: State) -> bool:
@@ -236,7 +238,7 @@ def read_side(low: RootView, side: Side, infos: dict[str, os.stat_result], lazy:
     The files listed as modified or added are read first, each in one open (``_read_listed``: a
     merge's inputs list little else, and an ``lstat`` on overlayfs costs a third of a read); with
     ``lazy`` they are not read at all, until ``read_unread`` reads those a merge needs."""
-    read = SideRead({}, {}, {}, {})
+    read = SideRead({}, {}, {}, {}, opaque={change.path for change in side.changes if change.kind == "opaque"})
     with RootView.from_fd(side.root_fd) as view:
         rest = _read_listed(low, view, side.changes, infos, read, lazy)
         entries = changeset.expand(rest, low, view, infos)
@@ -301,7 +303,8 @@ def combine(low: RootView, sides: list[str], ancestor: str | None, reads: dict[s
     under = _base_states(low, olds, _needing_bytes(named, ancestor), cache, infos)
     read = {name: {path: reads[name].states.get(path, under[path]) for path in ordered} for name in every}
     plan = Plan(base=read[ancestor] if ancestor else under, sides={name: read[name] for name in sides}, lower=under,
-                mtimes={name: reads[name].mtimes for name in every})
+                mtimes={name: reads[name].mtimes for name in every},
+                opaque={name: reads[name].opaque for name in every})
     for path in ordered:
         plan.outcomes[path] = merge_path(path, plan.base[path], [(name, plan.sides[name][path]) for name in sides])
     _parents_hold(plan)

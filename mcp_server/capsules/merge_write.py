@@ -1,40 +1,35 @@
 """Writing a merge into the capsule made to hold it (capsule_merge ``into: "new"``), and journaling it.
 
-The capsule is fresh: a fork of the first input (capsules/merge.py says why), or, where
-that cannot be forked, of the inputs' common ancestor or a new capsule over their base.
-Its view is ``start`` (the first input's states, or the merge base's), so the ops are
-promotion's (``changeset.promote_ops``) of each path's ``start`` state against its merged
-one: a fork of the first input writes only what the others brought, as git writes only
-the merged branch's files into the branch checked out.  They are written through the
-capsule's root with parents reached without links and each opened once (``DirFds``,
-``RootView``), each file in place: created where ``start`` has no file, truncated where it
-has one (``_Writer``), in the order that keeps every step well formed
-(fs/promote.py's: deletions deepest first, then directories, then files and symlinks,
-then modes).  Nothing is fsynced, as nothing a command writes in a capsule is: the
-capsule's upper layer is as durable as an exec's writes (an fsync a file cost a merge of
-2,000 files 20 s on this VM's disk, a ``syncfs`` after them a third of the merge).
+The capsule is fresh (capsules/merge_make.py makes it): a fork of the first input with the
+other inputs' layers stacked over it, or, where they cannot be stacked, of the first input
+alone, of the inputs' common ancestor or a new capsule over their base.  Its view is
+``start`` (what the stack shows, ``stacked_start``; the first input's states; or the merge
+base's), so the ops are promotion's (``changeset.promote_ops``) of each path's ``start``
+state against its merged one: a stacked fork is written only where it shows something else
+than the merge, as git writes only the merged branch's files into the branch checked out.
+They are written through the capsule's root with parents reached without links and each
+opened once (``DirFds``, ``RootView``), each file in place: created where ``start`` has no
+file, truncated where it has one (``_Writer``), in the order that keeps every step well
+formed (fs/promote.py's: deletions deepest first, then directories, then files and
+symlinks, then modes).  Nothing is fsynced, as nothing a command writes in a capsule is:
+the capsule's upper layer is as durable as an exec's writes (an fsync a file cost a merge
+of 2,000 files 20 s on this VM's disk, a ``syncfs`` after them a third of the merge).
 Set-id bits are written as the inputs had them: the capsule is no host tree, and
 promoting it refuses them as any promotion does (core/hazards.py).
 
-Every path the merge changes against the merge base is then journaled, written or
-kept from the first input alike, as a file tool's change (as capsules/notes.py's
-``note_tool_changes`` does, in one transaction for all; a directory as a replay can redo
-it, see ``_rows``), with the bytes and mtimes it holds, so a witness of the merged
-capsule replays from the base alone (a witness carries its capsule's own journal, not
-its parent's); the base states the inputs recorded are recorded for it first, in the same
-transaction (the first record wins): promotion's conflict check then asks the live tree for the states the
-attempts were made on, not the ones seen at merge time.  A file kept from the first
-input is journaled with the mtime the merge read it with (the fork shows that very file).
-The journal's transaction runs after the writes, not beside them: on a thread of its own,
-waiting for the files' mtimes before its COMMIT, it slowed the two writers more than it
-hid (they share its interpreter: 1,000 files took 80-100 ms instead of 45-60, and the
-whole write 130 ms beside one writer and 145 beside two, against 126 and 137 after them in
-the same runs; medians of 15 merges each, interleaved, bench/parts/merge.py's setup, files
-renamed into place then).  What the journal costs is SQLite's work a row: 2,000 rows with
-their bytes, 2,000 file.changed events and 2,000 base states took 34-41 ms alone (three
-runs' medians), and the Python that builds them about a fifth of that (base64 3 ms, the
-events' text 1, ``_rows`` 2-4); the same rows as multi-row INSERTs of 200 measured no
-faster (33 against 30 ms, medians of 20 interleaved).
+Every path the merge changes against the merge base is then journaled, written or kept
+from an input alike, as a file tool's change (as capsules/notes.py's
+``note_tool_changes`` does, as one batch: ``Journal.add_merge``; a directory as a replay
+can redo it, see ``_rows``), with the bytes and mtimes it holds, so a witness of the merged
+capsule replays from the base alone (a witness carries its capsule's own journal, not its
+parent's).  A file whose bytes the merge left unread names the input whose view holds it
+instead (merge_plan's lazy ``read_side``); the base states the inputs recorded are
+recorded for it first, in the same transaction (the first record wins): promotion's
+conflict check then asks the live tree for the states the attempts were made on, not the
+ones seen at merge time.  A file kept from an input is journaled with the mtime the merge
+read (or the helper listed) it with: the capsule shows that very file.  The journal's
+transaction runs after the writes, not beside them: on a thread of its own it slowed the
+writers more than it hid (they share its interpreter).
 """
 
 from __future__ import annotations
@@ -251,7 +246,7 @@ KEEP = ".ccw-merge-dir"  # journaled written then deleted, so that a replay make
 
 
 def _rows(paths: list[str], contents: dict[str, State], base: dict[str, State], mtimes: dict[str, int],
-          sources: dict[str, str]) -> list[Row]:
+          sources: dict[str, str], replaced: set[str]) -> list[Row]:
     """The journal's rows for the written paths, in path order, then each directory's mode; a file's
     bytes where it has an mtime (``mtimes``: the files whose bytes are not the base's), else its mode.
     A file whose bytes the merge left unread (merge_plan.read_side's ``lazy``) names instead the
@@ -269,6 +264,10 @@ def _rows(paths: list[str], contents: dict[str, State], base: dict[str, State], 
     held |= {head[:i] for head in held for i, char in enumerate(head) if char == "/"}
     for path in paths:
         merged, was = contents[path], base[path].kind
+        if path in replaced:  # deleted first, so that a replay makes it anew: replaced, as the capsule shows it
+            rows.append((path, "delete", None, None, None, None))
+        if path in replaced or any(path.startswith(f"{top}/") for top in replaced):
+            was = None  # nothing of the base is left here once its replaced directory is deleted
         if merged.kind is None:
             rows.append((path, "delete", None, None, None, None))
         elif merged.kind == "symlink":
@@ -288,14 +287,14 @@ def _rows(paths: list[str], contents: dict[str, State], base: dict[str, State], 
 
 
 def _journal(state: Any, capsule_id: str, paths: list[str], plan: Plan, contents: dict[str, State],
-             mtimes: dict[str, int], recorded: dict[str, str], inputs: Sequence[str]) -> None:
+             mtimes: dict[str, int], recorded: dict[str, str], inputs: Sequence[str], sources: dict[str, str],
+             replaced: set[str]) -> None:
     """Journal the written paths as file tools' changes (capsules/notes.py's ``note_tool_changes``), with
     each file's mtime, in one transaction with the base states the inputs recorded (``recorded``: the
     first record wins), as one batch of each (``Journal.add_merge``); and then the base's state where
     none is recorded yet."""
     journal = Journal(state)
-    sources = {path: plan.outcomes[path].sides[0] for path in paths if unread(contents[path])}
-    journal.add_merge(capsule_id, _rows(paths, contents, plan.base, mtimes, sources),
+    journal.add_merge(capsule_id, _rows(paths, contents, plan.base, mtimes, sources, replaced),
                       {key: state for key, state in recorded.items() if changeset.keyed_path(key) in contents}, inputs)
     unrecorded = [path for path in paths if contents[path].kind != "dir" and path not in recorded]
     record = journal.capsule(capsule_id) if unrecorded else None
@@ -305,22 +304,56 @@ def _journal(state: Any, capsule_id: str, paths: list[str], plan: Plan, contents
 
 def write(state: Any, capsule_id: str, root_fd: int, plan: Plan, recorded: dict[str, str],
           start: dict[str, State] | tuple[str, Sequence[str]], kept: dict[str, int] | None = None,
-          inputs: Sequence[str] = ()) -> list[str]:
+          inputs: Sequence[str] = (), shown: Sequence[str] = ()) -> list[str]:
     """Write the merge into the capsule, whose view holds ``start`` (its root is closed after), and
     journal every path the merge changes against the base; those paths.  ``start`` may instead name
     the input it was forked from and the donors stacked over it (``stacked_start`` works out what
     it holds).  ``kept``: the mtimes of files the view holds as ``start`` does, where known
     (``Plan.mtimes`` of the input it was forked from: the fork shows that input's files themselves,
     so they need no stat here).  ``inputs``: the capsules merged, journaled as the new one's
-    (``Journal.merged_from``: its promotion judges their runs)."""
+    (``Journal.merged_from``: its promotion judges their runs).  ``shown``: the capsules whose
+    layers it lies on (``_replaced`` says why)."""
     contents = {one.path: one.state for one in plan.outcomes.values() if one.state is not None}
     changed = sorted(one.path for one in plan.changed)  # each the path of an op from the base (promote_ops)
-    dated = [path for path in changed
-             if contents[path].kind == "file" and not contents[path].same_bytes(plan.base[path])]
+    sources = {one.path: one.sides[0] for one in plan.changed if one.state is not None and unread(one.state)}
+    replaced, below = _replaced(plan, contents, shown, sources)
+    dated = sorted({path for path in changed if contents[path].kind == "file"
+                    and not contents[path].same_bytes(plan.base[path])}  # below a replaced directory: every file
+                   | {path for path in below if contents[path].kind == "file"})
     with RootView.from_fd(root_fd) as view:
         if isinstance(start, tuple):
             start, kept = stacked_start(view, plan, *start)
         mtimes = _apply(view, ops_of(plan, start), contents, start)
         mtimes.update(_held(view, [path for path in dated if path not in mtimes], kept or {}))
-    _journal(state, capsule_id, changed, plan, contents, {path: mtimes[path] for path in dated}, recorded, inputs)
+    journaled = sorted({*changed, *replaced, *below})
+    _journal(state, capsule_id, journaled, plan, contents, {path: mtimes[path] for path in dated}, recorded,
+             inputs, sources, replaced)
     return changed
+
+
+def _replaced(plan: Plan, contents: dict[str, State], shown: Sequence[str],
+              sources: dict[str, str]) -> tuple[set[str], set[str]]:
+    """The directories the capsule shows replaced (opaque: its layers show nothing of the base below
+    them), and every path below them it shows.
+
+    An input that replaced a directory (``rm -rf d; mkdir d``) lists it so (``Plan.opaque``), and
+    the capsule lying on its layers (``shown``) shows it so too, so its change list names it; a
+    replay, which redoes the journal from the base, makes it so only by deleting the directory
+    first and writing back everything below it, the files the base held too.  Those files are
+    journaled from the input that lists them (``sources``, ``contents`` updated to its state)."""
+    replaced = {path for name in shown for path in plan.opaque.get(name, ())
+                if contents.get(path) is not None and contents[path].kind == "dir"}
+    if not replaced:
+        return replaced, set()
+    below = {path for path in contents if contents[path].kind is not None and any(
+        path.startswith(f"{top}/") for top in replaced)}
+    changed = {one.path for one in plan.changed}
+    for path in sorted(below - changed):
+        for name in shown if contents[path].kind == "file" else ():
+            side = plan.sides.get(name, plan.base)[path]
+            if side is not plan.lower[path] and side.kind == "file":
+                contents[path] = side
+                if unread(side):
+                    sources[path] = name
+                break
+    return replaced, below
