@@ -304,6 +304,41 @@ def test_a_forks_destroy_holds_its_parents_line_until_it_has_answered(tmp_path: 
     assert server.runtime.capsule_queue.line("P") == server.runtime.capsule_queue.line("F") == []
 
 
+def test_a_merged_capsules_destroy_holds_each_inputs_line_until_it_has_answered(tmp_path: Path) -> None:
+    # A merged capsule stacks its inputs' layers, which freezes them all: an exec sent to the
+    # second input after the merged capsule's destroy must wait for that destroy, not be
+    # refused "has forks or merged capsules stacked on it".
+    ran: list[str] = []
+    destroy = service.DESTROY
+
+    async def tool(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+        label = destroy.label if args["capsule_id"] == "M" else "exec"
+        async with ctx.capsule_turn(args["capsule_id"], label) as ticket:
+            if args["capsule_id"] == "B" and "M" not in ran:
+                raise CcwError("CONFLICT", "capsule B has forks or merged capsules stacked on it ['M']")
+            await trio.sleep(0.05)
+            ran.append(args["capsule_id"])
+        return {"n": args["n"], "ticket": ticket.number}
+
+    config = dataclasses.replace(
+        Config.from_env({"CCW_STATE_DIR": str(tmp_path / "state"), "CCW_TOOLSETS": "server"}), debug=True)
+    registry = Registry()
+    registry.add(ToolSpec("destroy", "server", "a capsule's destroy", ARGS, RESULT, tool, turn=destroy))
+    registry.add(ToolSpec("exec", "server", "a capsule's exec", ARGS, RESULT, tool, turn=TakesTurn("exec")))
+    server = CcwServer(config, State(config.state_dir), registry)
+    journal = Journal(server.state)
+    for one in "PAB":
+        journal.add_capsule(dataclasses.replace(capsule_record(one), parent="P" if one != "P" else None))
+    journal.add_capsule(dataclasses.replace(capsule_record("M"), parent="A"))
+    journal.add_writes("M", [("x.txt", "write", b"x", None, 0o644, None)], merged_from=["A", "B"])
+    frames = [*HANDSHAKE, *({"jsonrpc": "2.0", "id": n, "method": "tools/call",
+                             "params": {"name": name, "arguments": {"capsule_id": one, "n": n}}}
+                            for n, (name, one) in enumerate((("destroy", "M"), ("exec", "B")), 1))]
+    answers = {a["id"]: a for a in serve(server, frames)}
+    assert all(not answers[n]["result"].get("isError") for n in (1, 2)), answers
+    assert ran == ["M", "B"]
+
+
 def test_a_run_answered_running_keeps_its_unclaimed_places_until_it_ends(tmp_path: Path) -> None:
     # Found in a trial: a race of 3 capsules on 2 cores answered "running" after wait_ms, and the
     # transport gave back its place in the third capsule's line (not claimed yet: waiting for a
