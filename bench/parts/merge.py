@@ -6,25 +6,25 @@ half of the files and the second the other half (done once, by a shell loop in e
 jail, not timed).  The same edits are committed on two branches of a copy of the
 repository.  Timed, in turns in a new order every round:
 
-- ``capsule_merge {into: "new"}``: list and read both capsules' changes (the helper lists
-  one capsule after the other, and the front end reads each as soon as it is listed) and
-  the base, merge path by path, fork the first capsule, write the second's 1,000 files
-  into the fork and journal the 2,000 (the merged capsule's destroy after it is not timed);
+- ``capsule_merge {into: "new"}``: list both capsules' changes (the helper lists one
+  capsule after the other) and the base, merge path by path, fork the first capsule with
+  the second's layers stacked over it, and journal the 2,000 files (the merged capsule's
+  destroy after it is not timed);
 - ``capsule_merge {dry_run: true}``: the same without the capsule (the merge alone);
 - ``git merge --no-edit`` of the second branch into a fresh branch at the first: the
   tree merge, the 1,000 files written to the work tree, the index and the commit (the
   ``git checkout -B`` that resets the work branch before it is not timed).
 
-The target (issue 39) is ccw's ``into: "new"`` within 1.5 times git's.  Both write the
-second side's 1,000 files: git into the first branch's work tree, ccw into a fork of the
-first capsule (capsules/merge.py), two files at a time (merge_write.WRITERS).  ccw also
-reads every changed file of both sides through their overlayfs views (git reads blobs
-from its object store); the base's 2,000 files it only ``lstat``s, their digests taken
-from the base directory's stat cache (fs/statcache.py, as git's index spares it reading
-its work tree) once a merge has hashed them (the warm-up's, every round after), and
-those digests give the live check its states (merge._lower_recorded).  It journals all
-2,000 with their bytes (a witness of the merged capsule replays them).  The dry run is
-the merge alone, nothing written.
+The target (issue 39) is ccw's ``into: "new"`` within 1.5 times git's.  git writes the
+second side's 1,000 files into the first branch's work tree; ccw writes none of them: the
+merged capsule stacks the second capsule's layer over a fork of the first
+(capsules/merge.py), and since no file here was changed by both, no file is read or
+written (merge_plan.needing_bytes).  The base's 2,000 files it only ``lstat``s, their
+digests taken from the base directory's stat cache (fs/statcache.py, as git's index spares
+it reading its work tree) once a merge has hashed them (the warm-up's, every round
+after), and those digests give the live check its states (merge._lower_recorded).  It
+journals all 2,000 as one batch, each file by the capsule that holds it (a witness of the
+merged capsule replays them).  The dry run is the merge alone, nothing made.
 
 git's time here is the filesystem's as much as git's own.  ``git merge`` (and the
 untimed checkout before it) unlinks each file it rewrites and creates it anew, and ext4
@@ -33,10 +33,9 @@ when it allocates an inode, every inode of the group deleted in the last half mi
 reading each one's inode-table block to see when (``recently_deleted``, called from
 ``find_inode_bit``): after 1,000 files were unlinked, each of 1,000 creates walks past
 the lot.  perf put half of one such ``git merge``'s samples there; it took 250-410 ms,
-against 77-115 ms in a copy on a journaled ext4 in the same minutes, where ccw's own
-times hardly moved (224 ms into new, 115 dry run: 2.4 and 1.2 times git's).  ccw's
-copy-ups allocate their inodes in the merged capsule's upper layer, on an ext4 image of
-its own (sandbox/disk.py) where nothing was deleted.  So on such a filesystem the ratio
+against 77-115 ms in a copy on a journaled ext4 in the same minutes.  What ccw writes
+allocates its inodes in the merged capsule's upper layer, on an ext4 image of its own
+(sandbox/disk.py) where nothing was deleted.  So on such a filesystem the ratio
 says more about git's unlinks than about ccw; where the row reports no journal, read it
 beside one on a filesystem that keeps a journal.
 
