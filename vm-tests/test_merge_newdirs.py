@@ -4,8 +4,9 @@ A merge's new capsule starts from the merge base, so a directory one input added
 there by the merge; its files are journaled as file tools' writes, and a witness of the
 merged capsule replays from the journal alone.  One input adds ``new/deep/a.txt``, a
 private directory ``private/`` (mode 700) with a file, and an empty ``empty/``, and makes
-a file of the base executable (its bytes unchanged: journaled as a chmod), and turns a
-file of the base into a directory; the other
+a file of the base executable (its bytes unchanged: journaled as a chmod), turns a
+file of the base into a directory, and a directory of the base into a file and another into
+a symlink (journaled deleted first: a replay writes no file over a directory); the other
 edits a file of the base and adds ``new/other/b.txt`` beside the first's.  The merged
 capsule's diff names exactly those files, its tree holds the directories with their
 modes, and its witness replays ``replay_ok: true``.
@@ -23,10 +24,11 @@ GIT_ENV = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "GIT_AU
            "GIT_AUTHOR_EMAIL": "host@example.invalid", "GIT_COMMITTER_NAME": "host",
            "GIT_COMMITTER_EMAIL": "host@example.invalid"}
 FIRST = ("mkdir -p new/deep && echo a > new/deep/a.txt && mkdir -m 700 private && echo p > private/p.txt "
-         "&& mkdir empty && chmod 755 tool.sh && rm was && mkdir was && echo w > was/in.txt")
+         "&& mkdir empty && chmod 755 tool.sh && rm was && mkdir was && echo w > was/in.txt "
+         "&& rm -rf gone && echo now-a-file > gone && rm -rf linked && ln -s new linked")
 SECOND = "sed -i 's/^line 3$/line three/' m.txt && mkdir -p new/other && echo b > new/other/b.txt"
-LOOK = ("stat -c '%n %a %F' new new/deep new/other private empty tool.sh was && cat new/deep/a.txt new/other/b.txt "
-        "private/p.txt && sed -n 3p m.txt")
+LOOK = ("stat -c '%n %a %F' new new/deep new/other private empty tool.sh was gone linked "
+        "&& cat new/deep/a.txt new/other/b.txt private/p.txt && sed -n 3p m.txt")
 
 
 def _workspace(require: Any, tmp_path: Path) -> Path:
@@ -37,6 +39,9 @@ def _workspace(require: Any, tmp_path: Path) -> Path:
     (ws / "tool.sh").write_text("#!/bin/sh\necho tool\n")
     (ws / "tool.sh").chmod(0o644)
     (ws / "was").write_text("a file in the base\n")
+    for name in ("gone", "linked"):
+        (ws / name / "sub").mkdir(parents=True)
+        (ws / name / "sub" / "in.txt").write_text(f"{name} was a directory\n")
     for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "base"]):
         subprocess.run(["git", "-C", str(ws), *args], env={**os.environ, **GIT_ENV}, capture_output=True, check=True)
     return ws
@@ -64,11 +69,13 @@ def test_a_merge_adding_directories_diffs_and_replays(tools: Any, require: Any, 
     files = {f["path"]: f["status"] for f in out["diff"]["files"]}
     assert files == {"m.txt": "modified", "new/deep/a.txt": "added", "new/other/b.txt": "added",
                      "private/p.txt": "added", "tool.sh": "modified", "was": "deleted",
-                     "was/in.txt": "added"}, files
+                     "was/in.txt": "added", "gone": "added", "gone/sub/in.txt": "deleted", "linked": "added",
+                     "linked/sub/in.txt": "deleted"}, files
     assert out["look"]["exit_code"] == 0, out["look"]["stderr"]
     assert out["look"]["stdout"].splitlines() == [
         "new 755 directory", "new/deep 755 directory", "new/other 755 directory", "private 700 directory",
         "empty 755 directory", "tool.sh 755 regular file", "was 755 directory",
+        "gone 644 regular file", "linked 777 symbolic link",
         "a", "b", "p", "line three"], out["look"]["stdout"]
     assert not (ws / "new").exists() and not (ws / "private").exists()
     assert out["replayed"]["replay_ok"] is True, out["replayed"].get("mismatches")

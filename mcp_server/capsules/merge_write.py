@@ -257,7 +257,8 @@ def _rows(paths: list[str], contents: dict[str, State], base: dict[str, State], 
     file's parents as it writes it, with mode 755: so a directory the merge made is
     journaled by what a replay can redo, a chmod after every write (it may be 700), a
     delete first where it replaces something else, and, where nothing journaled lies
-    beneath it, a file written in it and deleted."""
+    beneath it, a file written in it and deleted; a file or symlink replacing a directory
+    is journaled deleted first too."""
     rows: list[Row] = []
     modes: list[Row] = []
     held = {path.rpartition("/")[0] for path in paths if contents[path].kind not in (None, "dir")}
@@ -268,15 +269,15 @@ def _rows(paths: list[str], contents: dict[str, State], base: dict[str, State], 
             rows.append((path, "delete", None, None, None, None))
         if path in replaced or any(path.startswith(f"{top}/") for top in replaced):
             was = None  # nothing of the base is left here once its replaced directory is deleted
-        if merged.kind is None:
+        if merged.kind is None or (was == "dir" and merged.kind != "dir"):
             rows.append((path, "delete", None, None, None, None))
-        elif merged.kind == "symlink":
+        if merged.kind == "symlink":
             rows.append((path, "symlink", None, merged.target, None, None))
         elif merged.kind == "file" and path in mtimes:
             rows.append((path, "write", merged.data, None, merged.mode, mtimes[path], sources.get(path)))
         elif merged.kind == "file":
             rows.append((path, "chmod", None, None, merged.mode, None))  # only its mode changed
-        else:
+        elif merged.kind == "dir":
             if was not in (None, "dir"):
                 rows.append((path, "delete", None, None, None, None))
             if was != "dir" and path not in held:
