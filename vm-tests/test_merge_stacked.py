@@ -15,8 +15,8 @@ merge that trusted the change list alone would get wrong:
 - a directory the first input made private, below which the second changed a file (its
   layer holds a copy of the directory with the mode it had): the mode is the first's.
 
-Every input is frozen while the merged capsule lives (its execs refused, naming it, and it
-cannot be destroyed), and runs again once that capsule is destroyed.
+Every input is frozen while the merged capsule lives (its execs refused, naming it, its file
+tools' writes refused, and it cannot be destroyed), and runs again once that capsule is destroyed.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ async def _exec(t: Any, capsule_id: str, script: str) -> dict[str, Any]:
 
 
 async def _refused(t: Any, tool: str, capsule_id: str) -> CcwError | None:
-    args = {"capsule_id": capsule_id, **({"cmd": ["true"]} if tool == "capsule_exec" else {})}
+    args = {"capsule_id": capsule_id, **({"cmd": ["true"]} if tool == "capsule_exec" else
+                                         {"path": "new.txt", "content": "x"} if tool == "file_create" else {})}
     try:
         await t.call(tool, args)
     except CcwError as exc:
@@ -77,10 +78,11 @@ def test_a_stacked_merge_shows_what_the_donors_layers_hold_or_hide_as_the_merge_
         replayed = await t.call("capsule_replay", {"witness_id": witness["witness_id"]})
         frozen = {name: await _refused(t, "capsule_exec", one) for name, one in (("first", first), ("second", second))}
         kept = await _refused(t, "capsule_destroy", second)
+        written = await _refused(t, "file_create", second)
         await t.call("capsule_destroy", {"capsule_id": made})
         again = {name: await _refused(t, "capsule_exec", one) for name, one in (("first", first), ("second", second))}
         return {"made": made, "look": look["stdout"], "diff": diff, "frozen": frozen, "kept": kept, "again": again,
-                "replayed": replayed}
+                "replayed": replayed, "written": written}
 
     out = tools.run(scenario)
     assert out["look"].splitlines() == ["first", "second", "q-first", "first.txt", "second.txt", "700", "second",
@@ -95,6 +97,9 @@ def test_a_stacked_merge_shows_what_the_donors_layers_hold_or_hide_as_the_merge_
         assert refusal is not None and refusal.code == "CONFLICT" and out["made"] in refusal.message, name
     assert out["kept"] is not None and out["kept"].code == "CONFLICT" and out["made"] in out["kept"].message
     assert out["again"] == {"first": None, "second": None}
+    # A file tool's write to an input meets its read-only view: refused as held, not an internal EROFS.
+    assert out["written"] is not None and out["written"].code == "CONFLICT", out["written"]
+    assert "stacked on it" in out["written"].message and out["written"].details["errno"] == "EROFS"
 
 
 def test_an_input_running_a_service_is_not_stacked_and_its_files_are_written(tools: Any, tmp_path: Path) -> None:
