@@ -77,7 +77,7 @@ def test_an_into_live_merges_promotion_runs_with_it_back(monkeypatch: pytest.Mon
         async def destroy(self, capsule_id: str) -> None:
             seen.append((f"destroy {capsule_id}", gc.isenabled()))
 
-    async def merged(service: Any, question: merge.Question) -> tuple[dict[str, Any], Any]:
+    async def merged(service: Any, question: merge.Question, turns: Any) -> tuple[dict[str, Any], Any]:
         seen.append(("merge", gc.isenabled()))
         return {"clean": True}, Made()
 

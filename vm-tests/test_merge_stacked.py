@@ -24,6 +24,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import trio
+
 from mcp_server.journal import Journal
 from sandbox.errors import CcwError
 
@@ -100,6 +102,44 @@ def test_a_stacked_merge_shows_what_the_donors_layers_hold_or_hide_as_the_merge_
     # A file tool's write to an input meets its read-only view: refused as held, not an internal EROFS.
     assert out["written"] is not None and out["written"].code == "CONFLICT", out["written"]
     assert "stacked on it" in out["written"].message and out["written"].details["errno"] == "EROFS"
+
+
+def test_an_exec_sent_to_an_input_during_its_merge_waits_for_the_merge_and_finds_it_frozen(
+        tools: Any, tmp_path: Path) -> None:
+    """Found in a trial: an exec sent to the first input after its merge took the input's turn once
+    the merge had read it, and ran; the merge's fork, queued behind it, was then refused (the input
+    "changed while it was merged").  The merge holds its inputs' turns until its capsule is made."""
+    ws = _workspace(tmp_path)
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        parent = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        first, second = (await t.call("capsule_fork", {"capsule_id": parent, "count": 2}))["capsule_ids"]
+        await _exec(t, first, "echo first > a.txt")
+        await _exec(t, second, "echo second > b.txt")
+        out: dict[str, Any] = {}
+
+        async def merge() -> None:
+            try:
+                out["made"] = (await t.call("capsule_merge", {"capsule_ids": [first, second]}))["capsule_id"]
+            except CcwError as exc:
+                out["made"] = exc
+
+        async def late() -> None:
+            try:
+                out["late"] = await _exec(t, first, "echo late > late.txt")
+            except CcwError as exc:
+                out["late"] = exc
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(merge)
+            while not t.runtime.capsule_queue.line(first):  # noqa: ASYNC110 (the lines signal no one)
+                await trio.sleep(0.001)  # until the merge has its place in the first input's line
+            nursery.start_soon(late)
+        return out
+
+    out = tools.run(scenario)
+    assert isinstance(out["made"], str), out["made"]
+    assert isinstance(out["late"], CcwError) and out["late"].code == "CONFLICT" and out["made"] in out["late"].message
 
 
 def test_an_input_running_a_service_is_not_stacked_and_its_files_are_written(tools: Any, tmp_path: Path) -> None:

@@ -17,8 +17,11 @@ the workspace did not move since.  The base states every input (and its ancestor
 recorded when each change was first seen (capsules/notes.py) must equal the live
 states at every merged path, as promotion checks (REPO_CHANGED otherwise, nothing made).
 
-**Steps**: the inputs' turns are taken (in id order, so two merges cannot deadlock), the
-changes listed and read, the turns given back; capsules/merge_plan.py merges path by
+**Steps**: the inputs' turns are taken (in id order, so two merges cannot deadlock) and held
+until the merge is made (into live: promoted, and its capsule destroyed), so that a call sent
+to an input after the merge finds the input as the merge left it (frozen under the merged
+capsule), not a fork of it refused under the call; the changes are listed and read;
+capsules/merge_plan.py merges path by
 path (capsules/merge3.py: git's rules), and each git directory as a unit
 (capsules/merge_git.py: where several inputs changed one, the first keeps it whole).  A
 conflict at a path the workspace's git ignores does not count (``_ignored_conflicts``:
@@ -261,8 +264,8 @@ async def _listed_and_read(service: CapsuleService, every: list[CapsuleRecord], 
     return reads
 
 
-async def _read(service: CapsuleService, records: list[CapsuleRecord],
-                ancestor: CapsuleRecord | None) -> tuple[Plan, dict[str, int], list[dict[str, str]], dict[str, str]]:
+async def _read(service: CapsuleService, records: list[CapsuleRecord], ancestor: CapsuleRecord | None,
+                turns: contextlib.AsyncExitStack) -> tuple[Plan, dict[str, int], list[dict[str, str]], dict[str, str]]:
     """The plan, read in the inputs' turns (no exec of theirs lands while their changes are read),
     the inputs' generations then, the base states each input recorded (``_recorded``) and the
     live workspace's states at those paths.  Over the workspace itself those are the plan's own
@@ -272,52 +275,51 @@ async def _read(service: CapsuleService, records: list[CapsuleRecord],
     directory's stat cache (fs/statcache.py) is kept in the state dir."""
     ids = sorted(record.capsule_id for record in records)
     lower = records[0].base
-    async with contextlib.AsyncExitStack() as turns:
-        for one in ids:
-            await turns.enter_async_context(service.turn(one, MERGE))
-        every = [*records, *([ancestor] if ancestor else [])]
-        generations = {one.capsule_id: service.journal.generation(one.capsule_id) for one in records}
-        each: list[dict[str, str]] = []
-        loaded, caches = trio.Event(), []
-        infos: dict[str, os.stat_result] = {}  # the base files' lstat, as the reads' ``expand`` took them
-        unlisted = {one.capsule_id: frozenset[str]() for one in records[1:]}
-        roots = {one.capsule_id: -1 for one in records}  # lazily read: _read_needed reads what the merge needs
+    for one in ids:  # held by ``turns`` until the merge is made (``merge``)
+        await turns.enter_async_context(service.turn(one, MERGE))
+    every = [*records, *([ancestor] if ancestor else [])]
+    generations = {one.capsule_id: service.journal.generation(one.capsule_id) for one in records}
+    each: list[dict[str, str]] = []
+    loaded, caches = trio.Event(), []
+    infos: dict[str, os.stat_result] = {}  # the base files' lstat, as the reads' ``expand`` took them
+    unlisted = {one.capsule_id: frozenset[str]() for one in records[1:]}
+    roots = {one.capsule_id: -1 for one in records}  # lazily read: _read_needed reads what the merge needs
 
-        async def load() -> None:
-            caches.append(await trio.to_thread.run_sync(StatCache.load, service.state.root, lower))
-            loaded.set()
+    async def load() -> None:
+        caches.append(await trio.to_thread.run_sync(StatCache.load, service.state.root, lower))
+        loaded.set()
 
-        failed: list[CcwError] = []  # raised as itself below, not in the nursery's group
-        live: dict[str, str] = {}
-        snapshot = records[0].spec.given_base is not None
+    failed: list[CcwError] = []  # raised as itself below, not in the nursery's group
+    live: dict[str, str] = {}
+    snapshot = records[0].spec.given_base is not None
 
-        async def recorded() -> None:
+    async def recorded() -> None:
+        try:
+            each.extend(await trio.to_thread.run_sync(_recorded, service, records))
+            if snapshot:
+                paths = sorted({path for states in each for path in states})
+                live.update(await trio.to_thread.run_sync(_live_states, records[0].workspace, paths))
+        except CcwError as exc:
+            failed.append(exc)
+
+    with RootView.open(lower) as low:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(load)
+            nursery.start_soon(recorded)
             try:
-                each.extend(await trio.to_thread.run_sync(_recorded, service, records))
-                if snapshot:
-                    paths = sorted({path for states in each for path in states})
-                    live.update(await trio.to_thread.run_sync(_live_states, records[0].workspace, paths))
+                reads = await _listed_and_read(service, every, low, loaded, infos, unlisted, roots)
             except CcwError as exc:
                 failed.append(exc)
-
-        with RootView.open(lower) as low:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(load)
-                nursery.start_soon(recorded)
-                try:
-                    reads = await _listed_and_read(service, every, low, loaded, infos, unlisted, roots)
-                except CcwError as exc:
-                    failed.append(exc)
-            names, common = [record.capsule_id for record in records], ancestor.capsule_id if ancestor else None
-            await trio.to_thread.run_sync(_read_needed, None if failed else reads, roots, names, common, unlisted)
-            if failed:
-                raise failed[0]
-            plan = await trio.to_thread.run_sync(_combined, service.state, low, names, common, reads, caches[0], infos)
-            plan.unlisted = unlisted
-        if not snapshot:
-            paths = {path for states in each for path in states}
-            live = await trio.to_thread.run_sync(_lower_recorded, paths, plan, records[0].workspace)
-        return plan, generations, each, live
+        names, common = [record.capsule_id for record in records], ancestor.capsule_id if ancestor else None
+        await trio.to_thread.run_sync(_read_needed, None if failed else reads, roots, names, common, unlisted)
+        if failed:
+            raise failed[0]
+        plan = await trio.to_thread.run_sync(_combined, service.state, low, names, common, reads, caches[0], infos)
+        plan.unlisted = unlisted
+    if not snapshot:
+        paths = {path for states in each for path in states}
+        live = await trio.to_thread.run_sync(_lower_recorded, paths, plan, records[0].workspace)
+    return plan, generations, each, live
 
 
 def _read_needed(reads: dict[str, SideRead] | None, roots: dict[str, int], names: list[str], ancestor: str | None,
@@ -409,24 +411,26 @@ async def merge(service: CapsuleService, question: Question) -> dict[str, Any]:
 
     The collector is held off for the merge itself, not for the promotion of an into-live one,
     whose policies' tests may run for minutes while the front end serves others."""
-    with COLLECTOR.held():
-        result, made = await _merge(service, question)
-    if made is None:
-        return result
-    try:
-        promoted = await promote(service, Request(made.capsule_id, list(question.policies), question.dry_run,
-                                                  question.allow_hazards, runs_of=question.capsule_ids))
-    finally:
-        with trio.CancelScope(shield=True):
-            await service.destroy(made.capsule_id)
+    async with contextlib.AsyncExitStack() as turns:  # the inputs', from their reading on (``_read``)
+        with COLLECTOR.held():
+            result, made = await _merge(service, question, turns)
+        if made is None:
+            return result
+        try:
+            promoted = await promote(service, Request(made.capsule_id, list(question.policies), question.dry_run,
+                                                      question.allow_hazards, runs_of=question.capsule_ids))
+        finally:
+            with trio.CancelScope(shield=True):
+                await service.destroy(made.capsule_id)
     return {**result, "written": bool(promoted["promoted"]), "promote": promoted}
 
 
-async def _merge(service: CapsuleService, question: Question) -> tuple[dict[str, Any], CapsuleRecord | None]:
+async def _merge(service: CapsuleService, question: Question,
+                 turns: contextlib.AsyncExitStack) -> tuple[dict[str, Any], CapsuleRecord | None]:
     """The merge's report and, for an into-live merge without conflicts, the capsule holding it
     (to be promoted, then destroyed); None when the report is the whole answer."""
     records, ancestor = _inputs(service, question.capsule_ids)
-    plan, generations, each, live = await _read(service, records, ancestor)
+    plan, generations, each, live = await _read(service, records, ancestor, turns)
     merge_git.one_history(plan, [r.capsule_id for r in records])
     if plan.conflicts:
         await trio.to_thread.run_sync(_ignored_conflicts, plan, [r.capsule_id for r in records], records[0].workspace)

@@ -344,11 +344,13 @@ class CapsuleService:
     def _held_off(self, capsule_id: str) -> AbstractAsyncContextManager[None]:
         return self.services.held_off(capsule_id) if self.services is not None else contextlib.nullcontext()
 
-    async def fork(self, capsule_id: str, donors: Sequence[str] = ()) -> CapsuleRecord:
-        """A child capsule stacked on its parent's view (and ``donors``' layers, ForkRequest's), journaled."""
-        return (await self.forks(capsule_id, 1, donors))[0]
+    async def fork(self, capsule_id: str, donors: Sequence[str] = (), in_turn: bool = False) -> CapsuleRecord:
+        """A child capsule stacked on its parent's view (and ``donors``' layers, ForkRequest's), journaled;
+        ``in_turn``: the call holds the parent's turn already (a merge, over its inputs)."""
+        return (await self.forks(capsule_id, 1, donors, in_turn))[0]
 
-    async def forks(self, capsule_id: str, count: int, donors: Sequence[str] = ()) -> list[CapsuleRecord]:
+    async def forks(self, capsule_id: str, count: int, donors: Sequence[str] = (),
+                    in_turn: bool = False) -> list[CapsuleRecord]:
         """``count`` children of one parent (at most ``MAX_FORKS``), made in one turn of it (no exec queued
         meanwhile lands between two), journaled.  All or none: when one fails, those made are destroyed."""
         if not 1 <= count <= MAX_FORKS:
@@ -357,7 +359,8 @@ class CapsuleService:
                            "and call capsule_fork again for more", {"count": count, "max": MAX_FORKS})
         parent = self.live_record(capsule_id)
         made: list[CapsuleRecord] = []
-        async with self.turn(parent.capsule_id, FORK), self._held_off(parent.capsule_id):
+        turn = contextlib.nullcontext() if in_turn else self.turn(parent.capsule_id, FORK)  # turns nest not
+        async with turn, self._held_off(parent.capsule_id):
             parent = self.live_record(parent.capsule_id)
             asked = 0  # forks asked of the helper: the last one is the one that failed
             try:
