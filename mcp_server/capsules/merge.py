@@ -17,12 +17,12 @@ the workspace did not move since.  The base states every input (and its ancestor
 recorded when each change was first seen (capsules/notes.py) must equal the live
 states at every merged path, as promotion checks (REPO_CHANGED otherwise, nothing made).
 
-**Steps**: the inputs' turns are taken (in id order, so two merges cannot deadlock) and held
-until the merge is made (into live: promoted, and its capsule destroyed), so that a call sent
-to an input after the merge finds the input as the merge left it (frozen under the merged
-capsule), not a fork of it refused under the call; the changes are listed and read;
-capsules/merge_plan.py merges path by
-path (capsules/merge3.py: git's rules), and each git directory as a unit
+**Steps**: the inputs' turns and their common ancestor's are taken (in id order, so two merges
+cannot deadlock) and held until the merge is made (into live: promoted, and its capsule
+destroyed), so that a call sent to an input after the merge finds the input as the merge left
+it (frozen under the merged capsule), not a fork of it refused under the call; the changes are
+listed and read; capsules/merge_plan.py merges path by path (capsules/merge3.py: git's
+rules), and each git directory as a unit
 (capsules/merge_git.py: where several inputs changed one, the first keeps it whole).  A
 conflict at a path the workspace's git ignores does not count (``_ignored_conflicts``:
 promotion leaves it behind; the first input's is kept).  Any other conflict stops there: the answer lists
@@ -273,11 +273,11 @@ async def _read(service: CapsuleService, records: list[CapsuleRecord], ancestor:
     hash it, and not at all where the stat cache knows it); over a snapshot, the workspace is read
     beside the plan (on two cores the one's hashing overlaps the other's reads).  The base
     directory's stat cache (fs/statcache.py) is kept in the state dir."""
-    ids = sorted(record.capsule_id for record in records)
-    lower = records[0].base
-    for one in ids:  # held by ``turns`` until the merge is made (``merge``)
-        await turns.enter_async_context(service.turn(one, MERGE))
     every = [*records, *([ancestor] if ancestor else [])]
+    lower = records[0].base
+    # held by ``turns`` until the merge is made (``merge``): the ancestor's too, which may be forked to hold it
+    for one in sorted({record.capsule_id for record in every}):
+        await turns.enter_async_context(service.turn(one, MERGE))
     generations = {one.capsule_id: service.journal.generation(one.capsule_id) for one in records}
     each: list[dict[str, str]] = []
     loaded, caches = trio.Event(), []

@@ -41,7 +41,7 @@ async def make(service: CapsuleService, records: list[CapsuleRecord], generation
         start = (records[0].capsule_id, donors) if donors else plan.sides[records[0].capsule_id]
         shown = [records[0].capsule_id, *donors]
     else:
-        made = await (service.fork(ancestor.capsule_id, in_turn=ancestor.capsule_id in inputs) if ancestor else
+        made = await (service.fork(ancestor.capsule_id, in_turn=True) if ancestor is not None else
                       service.create(records[0].spec, records[0].network_spec, records[0].volatile))
         shown = [ancestor.capsule_id] if ancestor is not None else []
     try:
@@ -94,7 +94,7 @@ async def _forked(service: CapsuleService, records: list[CapsuleRecord]) -> tupl
     tries = [others, ()] if others and len(others) <= MAX_DONORS and not any(map(running, others)) else [()]
     for donors in tries:
         try:
-            return await service.fork(first, donors, in_turn=True), donors  # merge.merge holds the inputs' turns
+            return await service.fork(first, donors, in_turn=True), donors  # merge._read took the turns
         except CcwError as exc:
             if exc.code not in ("TOO_LARGE", "UNSUPPORTED"):
                 raise
