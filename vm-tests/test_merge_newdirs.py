@@ -6,7 +6,8 @@ merged capsule replays from the journal alone.  One input adds ``new/deep/a.txt`
 private directory ``private/`` (mode 700) with a file, and an empty ``empty/``, and makes
 a file of the base executable (its bytes unchanged: journaled as a chmod), turns a
 file of the base into a directory, and a directory of the base into a file and another into
-a symlink (journaled deleted first: a replay writes no file over a directory); the other
+a symlink out of it (journaled deleted first, a replay writing no file over a directory, and
+nothing below deleted again: that would reach through the link); the other
 edits a file of the base and adds ``new/other/b.txt`` beside the first's.  The merged
 capsule's diff names exactly those files, its tree holds the directories with their
 modes, and its witness replays ``replay_ok: true``.
@@ -25,7 +26,7 @@ GIT_ENV = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "GIT_AU
            "GIT_COMMITTER_EMAIL": "host@example.invalid"}
 FIRST = ("mkdir -p new/deep && echo a > new/deep/a.txt && mkdir -m 700 private && echo p > private/p.txt "
          "&& mkdir empty && chmod 755 tool.sh && rm was && mkdir was && echo w > was/in.txt "
-         "&& rm -rf gone && echo now-a-file > gone && rm -rf linked && ln -s new linked")
+         "&& rm -rf gone && echo now-a-file > gone && rm -rf linked && ln -s /etc linked")
 SECOND = "sed -i 's/^line 3$/line three/' m.txt && mkdir -p new/other && echo b > new/other/b.txt"
 LOOK = ("stat -c '%n %a %F' new new/deep new/other private empty tool.sh was gone linked "
         "&& cat new/deep/a.txt new/other/b.txt private/p.txt && sed -n 3p m.txt")

@@ -258,9 +258,11 @@ def _rows(paths: list[str], contents: dict[str, State], base: dict[str, State], 
     journaled by what a replay can redo, a chmod after every write (it may be 700), a
     delete first where it replaces something else, and, where nothing journaled lies
     beneath it, a file written in it and deleted; a file or symlink replacing a directory
-    is journaled deleted first too."""
+    is journaled deleted first too, and nothing below a directory deleted whole is journaled
+    deleted again (the path would reach through the symlink now there)."""
     rows: list[Row] = []
     modes: list[Row] = []
+    gone: set[str] = set()  # directories of the base journaled deleted whole
     held = {path.rpartition("/")[0] for path in paths if contents[path].kind not in (None, "dir")}
     held |= {head[:i] for head in held for i, char in enumerate(head) if char == "/"}
     for path in paths:
@@ -269,8 +271,12 @@ def _rows(paths: list[str], contents: dict[str, State], base: dict[str, State], 
             rows.append((path, "delete", None, None, None, None))
         if path in replaced or any(path.startswith(f"{top}/") for top in replaced):
             was = None  # nothing of the base is left here once its replaced directory is deleted
+        if merged.kind is None and any(path[:i] in gone for i, char in enumerate(path) if char == "/"):
+            continue  # deleted with its directory, which the replay may have made a link since: not through it
         if merged.kind is None or (was == "dir" and merged.kind != "dir"):
             rows.append((path, "delete", None, None, None, None))
+            if was == "dir":
+                gone.add(path)
         if merged.kind == "symlink":
             rows.append((path, "symlink", None, merged.target, None, None))
         elif merged.kind == "file" and path in mtimes:
