@@ -142,6 +142,29 @@ def test_an_exec_sent_to_an_input_during_its_merge_waits_for_the_merge_and_finds
     assert isinstance(out["late"], CcwError) and out["late"].code == "CONFLICT" and out["made"] in out["late"].message
 
 
+def test_a_directory_the_first_input_removed_is_not_shown_from_a_donors_copy_of_it(tools: Any, tmp_path: Path) -> None:
+    """Found in a trial: the second input's layer holds copies of the base's ``d/`` (a file made and
+    removed in it) and ``e/`` (a file of it deleted), which no change names; the first input removed
+    ``d`` and made ``e`` a file, and the merged capsule showed both as empty directories, its witness
+    not replaying.  The view is asked at such a path and the copy deleted."""
+    ws = _workspace(tmp_path)
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        parent = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        first, second = (await t.call("capsule_fork", {"capsule_id": parent, "count": 2}))["capsule_ids"]
+        await _exec(t, first, "rm -rf d e; echo now-a-file > e")
+        await _exec(t, second, "touch d/tmp; rm d/tmp; rm e/gone.txt")
+        made = (await t.call("capsule_merge", {"capsule_ids": [first, second]}))["capsule_id"]
+        look = await _exec(t, made, "test -e d || echo no-d; stat -c %F e; cat e")
+        witness = await t.call("capsule_witness", {"capsule_id": made})
+        replayed = await t.call("capsule_replay", {"witness_id": witness["witness_id"]})
+        return {"look": look["stdout"], "replayed": replayed}
+
+    out = tools.run(scenario)
+    assert out["look"].splitlines() == ["no-d", "regular file", "now-a-file"]
+    assert out["replayed"]["replay_ok"] is True, out["replayed"].get("mismatches")
+
+
 def test_an_input_running_a_service_is_not_stacked_and_its_files_are_written(tools: Any, tmp_path: Path) -> None:
     """Stacking would freeze its service: the merged capsule is a fork of the first input alone, the
     second's files (left unread while the merge was planned) read and written into it, the second

@@ -44,7 +44,7 @@ from mcp_server.capsules.merge3 import ABSENT, State
 from mcp_server.capsules.merge_plan import Plan, unread
 from mcp_server.capsules.notes import record_base_states
 from mcp_server.fs import changeset
-from mcp_server.fs.promote import Op, make_symlink
+from mcp_server.fs.promote import Op, make_symlink, remove_tree
 from mcp_server.fs.view import DirFds, RootView, Side, lstat, open_name
 from mcp_server.journal import Journal
 from sandbox.errors import CcwError, from_oserror
@@ -88,7 +88,8 @@ def stacked_start(view: RootView, plan: Plan, first: str, donors: Sequence[str])
     hold it (a file copied up with its bytes unchanged, ``Plan.unlisted``), hide it (below a path
     the donor names, which may be an opaque directory or a file), or not reach it at all: what shows
     is then the donor's state or what lies under it.  Where those candidates disagree and one
-    differs from the merge, ``view`` itself is looked at (a file found there is rewritten whole).
+    differs from the merge, ``view`` itself is looked at (a file found there is rewritten whole), as
+    where the base has a directory the merge has not (``_held_dir``).
     A directory is held, by every layer that holds something below it, with the mode its input saw
     then, which no change names: a merged directory whose mode differs from any input's or the
     base's gets its mode set again."""
@@ -103,6 +104,7 @@ def stacked_start(view: RootView, plan: Plan, first: str, donors: Sequence[str])
     above = {name: covers[name] & heads for name in donors}  # what a donor names that may hide a path below it
     start: dict[str, State] = {}
     kept: dict[str, int] = {}
+    lost: set[str] = set()  # base directories the view shows no directory at: nothing of them below
     for path, outcome in plan.outcomes.items():
         merged, shown, source = outcome.state, [], first
         for name in donors:
@@ -117,7 +119,10 @@ def stacked_start(view: RootView, plan: Plan, first: str, donors: Sequence[str])
                 source = ""
         else:
             shown.append(sides[first][path])
-        if merged is None or all(one == merged for one in shown):
+        held = _held_dir(view, path, merged, base[path], lost)
+        if held is not None:
+            start[path], source = held, ""
+        elif merged is None or all(one == merged for one in shown):
             start[path] = merged or shown[-1]
         elif all(one == shown[0] for one in shown):
             start[path] = shown[0]
@@ -132,6 +137,21 @@ def stacked_start(view: RootView, plan: Plan, first: str, donors: Sequence[str])
         if mtime is not None:
             kept[path] = mtime
     return start, kept
+
+
+def _held_dir(view: RootView, path: str, merged: State | None, was: State, lost: set[str]) -> State | None:
+    """The directory the view shows at ``path`` where the base has one and the merge has none: a donor's
+    layer holds a copy of it (copied up for a change below it, or for one undone), which no change
+    names and which shows over what the merge has there; None elsewhere.  ``lost``: the base's
+    directories the view was found to show no directory at (nothing below them is looked at)."""
+    if merged is None or merged.kind == "dir" or was.kind != "dir" or any(
+            path[:i] in lost for i, char in enumerate(path) if char == "/"):
+        return None
+    found = lstat(view, path)
+    if found is not None and found.kind == "dir":
+        return State("dir", found.mode)
+    lost.add(path)
+    return None
 
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
@@ -218,10 +238,8 @@ def _structure(view: RootView, dirs: DirFds, op: Op, merged: State) -> None:
     if op.action == "mkdir":
         view.makedirs(op.path)
         view.chmod(op.path, merged.mode)
-    elif view.stat(op.path).st_mode & 0o170000 == 0o040000:
-        view.rmdir(op.path)
-    else:
-        view.unlink(op.path)
+    else:  # a directory whole: a donor's copy of it may hold what no change of the merge names
+        remove_tree(view, op.path)
 
 
 def _write(view: RootView, ops: list[Op], contents: dict[str, State], start: dict[str, State]) -> dict[str, int]:
