@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -88,6 +91,39 @@ class ToolRunner:
                 await self.runtime.aclose()
 
         return trio.run(main)
+
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def nobody_dir(root_required: None) -> Iterator[Path]:
+    """A directory under /var/tmp everyone can traverse, for a script run as nobody (``as_nobody``)."""
+    path = Path(tempfile.mkdtemp(prefix="ccw-nobody-test-", dir="/var/tmp"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+@pytest.fixture
+def as_nobody(root_required: None) -> Callable[[str, Path | None], dict[str, Any]]:
+    """Run a Python script as nobody (a rootless helper's caller) and read back the JSON it prints,
+    after giving nobody the tree ``owned`` (None: nothing); where this kernel forbids unprivileged
+    user namespaces, ``require`` says so."""
+    def run(script: str, owned: Path | None = None) -> dict[str, Any]:
+        require(os.path.exists("/usr/bin/python3"), "needs /usr/bin/python3 for the unprivileged user")
+        for dirpath, dirnames, filenames in os.walk(owned) if owned is not None else ():
+            for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
+                os.chown(name, NOBODY, NOBODY)
+        proc = subprocess.run(["/usr/bin/python3", "-c", script], capture_output=True, text=True, timeout=60,
+                              user=NOBODY, group=NOBODY, extra_groups=[], cwd="/")
+        require("Operation not permitted" not in proc.stderr or proc.returncode == 0,
+                f"unprivileged user namespaces are not allowed here: {proc.stderr[-300:]}")
+        assert proc.returncode == 0, proc.stderr
+        return dict(json.loads(proc.stdout))
+    return run
 
 
 @pytest.fixture

@@ -7,19 +7,13 @@ does, and drives create / write / changes / fork / destroy there.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import subprocess
-import tempfile
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-
-import pytest
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-NOBODY = 65534
 
 SCRIPT = textwrap.dedent("""
     import json, os, sys
@@ -58,33 +52,13 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.fixture
-def nobody_dir(root_required: None) -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="ccw-rootless-test-", dir="/var/tmp"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path)
-
-
-def test_rootless_capsule_with_userxattr(nobody_dir: Path, require: Callable[[bool, str], None]) -> None:
-    require(os.path.exists("/usr/bin/python3"), "needs /usr/bin/python3 for the unprivileged user")
+def test_rootless_capsule_with_userxattr(nobody_dir: Path, as_nobody: Callable[[str, Path], dict[str, Any]]) -> None:
     state, ws = nobody_dir / "state", nobody_dir / "ws"
     for d in (state, ws, ws / "dir"):
         d.mkdir()
     (ws / "gone.txt").write_text("bye")
     (ws / "dir" / "old.txt").write_text("o")
-    for dirpath, dirnames, filenames in os.walk(nobody_dir):
-        for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
-            os.chown(name, NOBODY, NOBODY)
-    script = SCRIPT.format(root=str(ROOT), state=str(state), ws=str(ws))
-    proc = subprocess.run(["/usr/bin/python3", "-c", script], capture_output=True, text=True, timeout=60,
-                          user=NOBODY, group=NOBODY, extra_groups=[], cwd="/")
-    require("Operation not permitted" not in proc.stderr or proc.returncode == 0,
-            f"unprivileged user namespaces are not allowed here: {proc.stderr[-300:]}")
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
+    out = as_nobody(SCRIPT.format(root=str(ROOT), state=str(state), ws=str(ws)), nobody_dir)
     assert [(c["path"], c["kind"]) for c in out["changes"]] == [
         ("dir", "opaque"), ("gone.txt", "deleted"), ("new.txt", "added")]
     assert "user.overlay.opaque" in out["xattrs"]

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import shutil
 import subprocess
-import tempfile
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,7 +19,6 @@ from sandbox.ops import ExecRequest
 from sandbox.spec import CapsuleSpec
 
 ROOT = Path(__file__).resolve().parent.parent
-NOBODY = 65534
 # What A and B did, as the merged capsule shows it and as its changes list it.
 VIEW = {"a.txt": "from a\n", "b.txt": "from b\n", "keep.txt": "keep", "p.txt": "from p\n", "x.txt": "a's x\n",
         "d/new": ""}
@@ -178,32 +175,12 @@ ROOTLESS = textwrap.dedent("""
 """)
 
 
-@pytest.fixture
-def nobody_dir(root_required: None) -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="ccw-donors-test-", dir="/var/tmp"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path)
-
-
-def test_a_rootless_helper_stacks_a_donor(nobody_dir: Path, require: Callable[[bool, str], None]) -> None:
-    require(os.path.exists("/usr/bin/python3"), "needs /usr/bin/python3 for the unprivileged user")
+def test_a_rootless_helper_stacks_a_donor(nobody_dir: Path, as_nobody: Callable[[str, Path], dict[str, Any]]) -> None:
     state, ws = nobody_dir / "state", nobody_dir / "ws"
     state.mkdir()
     ws.mkdir()
     populate(ws)
-    for dirpath, dirnames, filenames in os.walk(nobody_dir):
-        for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
-            os.chown(name, NOBODY, NOBODY)
-    script = ROOTLESS.format(root=str(ROOT), state=str(state), ws=str(ws))
-    proc = subprocess.run(["/usr/bin/python3", "-c", script], capture_output=True, text=True, timeout=60,
-                          user=NOBODY, group=NOBODY, extra_groups=[], cwd="/")
-    require("Operation not permitted" not in proc.stderr or proc.returncode == 0,
-            f"unprivileged user namespaces are not allowed here: {proc.stderr[-300:]}")
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
+    out = as_nobody(ROOTLESS.format(root=str(ROOT), state=str(state), ws=str(ws)), nobody_dir)
     assert out["paths"] == ["a.txt", "b.txt", "d", "keep.txt", "x.txt"] and out["d"] == []
     assert out["changes"] == [["a.txt", "added"], ["b.txt", "added"], ["d", "opaque"], ["y.txt", "deleted"]]
     assert out["after"] == 0 and os.listdir(state / "capsules") == []

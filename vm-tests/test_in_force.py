@@ -10,15 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 NOBODY = 65534
@@ -44,16 +40,6 @@ SCRIPT = textwrap.dedent("""
     print(json.dumps({{"cgroups": report["cgroups"], "unavailable": report.get("cgroups_unavailable", {{}}),
                       "made": made, "refused": sorted(refused), "jail": sorted(report["jail"])}}))
 """)
-
-
-@pytest.fixture
-def nobody_dir(root_required: None) -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="ccw-in-force-test-", dir="/var/tmp"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path)
 
 
 def _report(rootless: bool, require: Callable[[bool, str], None]) -> dict[str, Any]:
