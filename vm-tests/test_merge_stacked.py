@@ -43,6 +43,15 @@ def _workspace(tmp_path: Path) -> Path:
     return ws
 
 
+async def _attempts(t: Any, ws: Path, first: str, second: str) -> tuple[str, str]:
+    """Two forks of a capsule over ``ws``, each after running its script."""
+    parent = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+    ids = (await t.call("capsule_fork", {"capsule_id": parent, "count": 2}))["capsule_ids"]
+    for capsule_id, script in zip(ids, (first, second), strict=True):
+        await _exec(t, capsule_id, script)
+    return ids[0], ids[1]
+
+
 async def _exec(t: Any, capsule_id: str, script: str) -> dict[str, Any]:
     done = await t.call("capsule_exec", {"capsule_id": capsule_id, "cmd": ["sh", "-c", script]})
     assert done["exit_code"] == 0, done
@@ -112,10 +121,7 @@ def test_an_exec_sent_to_an_input_during_its_merge_waits_for_the_merge_and_finds
     ws = _workspace(tmp_path)
 
     async def scenario(t: Any) -> dict[str, Any]:
-        parent = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
-        first, second = (await t.call("capsule_fork", {"capsule_id": parent, "count": 2}))["capsule_ids"]
-        await _exec(t, first, "echo first > a.txt")
-        await _exec(t, second, "echo second > b.txt")
+        first, second = await _attempts(t, ws, "echo first > a.txt", "echo second > b.txt")
         out: dict[str, Any] = {}
 
         async def merge() -> None:
@@ -150,10 +156,8 @@ def test_a_directory_the_first_input_removed_is_not_shown_from_a_donors_copy_of_
     ws = _workspace(tmp_path)
 
     async def scenario(t: Any) -> dict[str, Any]:
-        parent = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
-        first, second = (await t.call("capsule_fork", {"capsule_id": parent, "count": 2}))["capsule_ids"]
-        await _exec(t, first, "rm -rf d e; echo now-a-file > e")
-        await _exec(t, second, "touch d/tmp; rm d/tmp; rm e/gone.txt")
+        first, second = await _attempts(t, ws, "rm -rf d e; echo now-a-file > e",
+                                               "touch d/tmp; rm d/tmp; rm e/gone.txt")
         made = (await t.call("capsule_merge", {"capsule_ids": [first, second]}))["capsule_id"]
         look = await _exec(t, made, "test -e d || echo no-d; stat -c %F e; cat e")
         witness = await t.call("capsule_witness", {"capsule_id": made})
@@ -173,10 +177,8 @@ def test_an_input_running_a_service_is_not_stacked_and_its_files_are_written(too
     serve = ["python3", "-m", "http.server", "8767", "--bind", "127.0.0.1"]
 
     async def scenario(t: Any) -> dict[str, Any]:
-        parent = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
-        first, second = (await t.call("capsule_fork", {"capsule_id": parent, "count": 2}))["capsule_ids"]
-        await _exec(t, first, "echo first > a.txt")
-        await _exec(t, second, "echo second > b.txt; mkdir -p new/deep; echo deep > new/deep/n.txt")
+        first, second = await _attempts(t, ws, "echo first > a.txt",
+                                               "echo second > b.txt; mkdir -p new/deep; echo deep > new/deep/n.txt")
         await t.call("capsule_service_start", {"capsule_id": second, "name": "web", "cmd": serve,
                                                "ready": {"port": 8767}})
         made = (await t.call("capsule_merge", {"capsule_ids": [first, second], "into": "new"}))["capsule_id"]
@@ -199,10 +201,8 @@ def test_a_stacked_merges_witness_carries_the_inputs_files_and_replays(tools: An
     ws = _workspace(tmp_path)
 
     async def scenario(t: Any) -> dict[str, Any]:
-        parent = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
-        first, second = (await t.call("capsule_fork", {"capsule_id": parent, "count": 2}))["capsule_ids"]
-        await _exec(t, first, "echo first > a.txt; printf 'bin\\000ary' > first.bin")
-        await _exec(t, second, "echo second > b.txt; mkdir -p new/deep; echo deep > new/deep/n.txt")
+        first, second = await _attempts(t, ws, "echo first > a.txt; printf 'bin\\000ary' > first.bin",
+                                               "echo second > b.txt; mkdir -p new/deep; echo deep > new/deep/n.txt")
         made = (await t.call("capsule_merge", {"capsule_ids": [first, second], "into": "new"}))["capsule_id"]
         shown = await _exec(t, made, "stat -c '%n %.9Y' a.txt b.txt new/deep/n.txt")
         rows = {row["path"]: row for row in Journal(t.runtime.state).writes(made)}
