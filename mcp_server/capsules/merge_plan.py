@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence, Set
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -79,6 +79,21 @@ class Plan:
 
 def _key(path: str) -> bytes:
     return path.encode("utf-8", "surrogateescape")
+
+
+def heads_of(paths: Iterable[str]) -> set[str]:
+    """Every directory above any of ``paths`` (the root as ""), each once."""
+    heads = {path.rpartition("/")[0] for path in paths}
+    for head in list(heads):
+        while "/" in head:
+            head = head.rpartition("/")[0]
+            heads.add(head)
+    return heads
+
+
+def below_any(path: str, tops: Set[str]) -> bool:
+    """Whether a directory above ``path`` is one of ``tops``."""
+    return bool(tops) and any(path[:i] in tops for i, char in enumerate(path) if char == "/")
 
 
 def _state(dirs: DirFds, path: str, side: ViewSide | None) -> State:
@@ -206,7 +221,7 @@ def _read_listed(low: RootView, view: RootView, changes: Sequence[Change], infos
             path = change.path
             got = None
             if change.kind in ("modified", "added") and change.type == "file" and change.mode is not None and not (
-                    structural and any(path[:i] in structural for i, char in enumerate(path) if char == "/")):
+                    below_any(path, structural)):
                 got = (None, change.mode, change.mtime_ns) if lazy else _stat_read(dirs, path)
             if got is None:
                 rest.append(change)
@@ -260,18 +275,13 @@ def needing_bytes(reads: dict[str, SideRead], inputs: list[str], ancestor: str |
     every = [*inputs, *([ancestor] if ancestor else [])]
     twice = _needing_bytes({name: reads[name].named for name in every}, ancestor)
     hiders = {name: reads[name].named.keys() | unlisted.get(name, frozenset()) for name in inputs}
-    heads = {path.rpartition("/")[0] for name in inputs for path in reads[name].unread}
-    for head in list(heads):
-        while "/" in head:
-            head = head.rpartition("/")[0]
-            heads.add(head)
+    heads = heads_of(path for name in inputs for path in reads[name].unread)
     above = {name: hiders[name] & heads for name in inputs}
     needed: dict[str, set[str]] = {}
     for name in inputs:
         others = [other for other in inputs if other != name]
         needed[name] = {path for path in reads[name].unread if path in twice or any(
-            path in unlisted.get(other, ()) or (above[other] and any(
-                path[:i] in above[other] for i, char in enumerate(path) if char == "/")) for other in others)}
+            path in unlisted.get(other, ()) or below_any(path, above[other]) for other in others)}
     return needed
 
 

@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from mcp_server.capsules.merge3 import ABSENT, State
-from mcp_server.capsules.merge_plan import Plan, unread
+from mcp_server.capsules.merge_plan import Plan, below_any, heads_of, unread
 from mcp_server.capsules.notes import record_base_states
 from mcp_server.fs import changeset
 from mcp_server.fs.promote import Op, make_symlink, remove_tree
@@ -96,11 +96,7 @@ def stacked_start(view: RootView, plan: Plan, first: str, donors: Sequence[str])
     base, lower, sides = plan.base, plan.lower, plan.sides
     covers = {name: {path for path in plan.outcomes if sides[name][path] is not lower[path]} | plan.unlisted[name]
               for name in donors}
-    heads = {path.rpartition("/")[0] for path in plan.outcomes}
-    for head in list(heads):
-        while "/" in head:
-            head = head.rpartition("/")[0]
-            heads.add(head)
+    heads = heads_of(plan.outcomes)
     above = {name: covers[name] & heads for name in donors}  # what a donor names that may hide a path below it
     start: dict[str, State] = {}
     kept: dict[str, int] = {}
@@ -113,8 +109,7 @@ def stacked_start(view: RootView, plan: Plan, first: str, donors: Sequence[str])
                 shown.append(state)
                 source = name
                 break
-            if path in covers[name] or (above[name] and any(
-                    path[:i] in above[name] for i, char in enumerate(path) if char == "/")):
+            if path in covers[name] or below_any(path, above[name]):
                 shown.append(state)
                 source = ""
         else:
@@ -144,8 +139,7 @@ def _held_dir(view: RootView, path: str, merged: State | None, was: State, lost:
     layer holds a copy of it (copied up for a change below it, or for one undone), which no change
     names and which shows over what the merge has there; None elsewhere.  ``lost``: the base's
     directories the view was found to show no directory at (nothing below them is looked at)."""
-    if merged is None or merged.kind == "dir" or was.kind != "dir" or any(
-            path[:i] in lost for i, char in enumerate(path) if char == "/"):
+    if merged is None or merged.kind == "dir" or was.kind != "dir" or below_any(path, lost):
         return None
     found = lstat(view, path)
     if found is not None and found.kind == "dir":
@@ -287,9 +281,9 @@ def _rows(paths: list[str], contents: dict[str, State], base: dict[str, State], 
         merged, was = contents[path], base[path].kind
         if path in replaced:  # deleted first, so that a replay makes it anew: replaced, as the capsule shows it
             rows.append((path, "delete", None, None, None, None))
-        if path in replaced or any(path.startswith(f"{top}/") for top in replaced):
+        if path in replaced or below_any(path, replaced):
             was = None  # nothing of the base is left here once its replaced directory is deleted
-        if merged.kind is None and any(path[:i] in gone for i, char in enumerate(path) if char == "/"):
+        if merged.kind is None and below_any(path, gone):
             continue  # deleted with its directory, which the replay may have made a link since: not through it
         if merged.kind is None or (was == "dir" and merged.kind != "dir"):
             rows.append((path, "delete", None, None, None, None))
@@ -370,8 +364,7 @@ def _replaced(plan: Plan, contents: dict[str, State], shown: Sequence[str],
                 if contents.get(path) is not None and contents[path].kind == "dir"}
     if not replaced:
         return replaced, set()
-    below = {path for path in contents if contents[path].kind is not None and any(
-        path.startswith(f"{top}/") for top in replaced)}
+    below = {path for path in contents if contents[path].kind is not None and below_any(path, replaced)}
     changed = {one.path for one in plan.changed}
     for path in sorted(below - changed):
         for name in shown if contents[path].kind == "file" else ():
