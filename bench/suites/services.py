@@ -245,14 +245,16 @@ def _cpu_s(pid: int) -> float:
 
 
 def _descendants() -> dict[int, tuple[int, list[str]]]:
-    """This process's descendants: each one's parent and argv."""
+    """This process's descendants: each one's parent and argv. Every process's argv is
+    read, other tests' among them, and theirs need not be UTF-8: undecodable bytes are
+    kept as surrogates (as os.fsdecode does), never an error."""
     found: dict[int, tuple[int, list[str]]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
                 parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
                 argv = (entry / "cmdline").read_bytes().split(b"\0")[:-1]
-                found[int(entry.name)] = (parent, [arg.decode() for arg in argv])
+                found[int(entry.name)] = (parent, [os.fsdecode(arg) for arg in argv])
     mine, grew = {os.getpid()}, True
     while grew:
         more = {pid for pid, (parent, _) in found.items() if parent in mine} - mine
