@@ -114,7 +114,8 @@ class Capsule:
         state = ("paused" if self.paused else "busy" if self.busy else "frozen" if self.children
                  else "ready" if self.mounted else "unmounted")
         return CapsuleSummary(self.capsule_id, self.spec.workspace, self.meta["parent"], self.meta["created_at"], state,
-                              tuple(sorted(self.services)) or None)
+                              tuple(sorted(self.services)) or None,
+                              tuple(sorted(child for child in self.children if child)) or None)
 
 
 def save(path: str, meta: dict[str, Any], spec: CapsuleSpec) -> None:

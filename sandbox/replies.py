@@ -458,8 +458,7 @@ class FreezeReply(OpReply):
 
     @classmethod
     def _build(cls, result: dict[str, Any]) -> FreezeReply:
-        runs = _paths(result["runs"], "FreezeReply 'runs'")
-        return cls(result["capsule_id"], result["frozen"], runs or ())
+        return cls(result["capsule_id"], result["frozen"], _paths(result["runs"], "FreezeReply 'runs'") or ())
 
 
 @dataclass(frozen=True)
@@ -492,8 +491,8 @@ class DestroyReply(OpReply):
 
 @dataclass(frozen=True)
 class CapsuleSummary(OpReply):
-    """One capsule in a list: state is paused, busy, frozen (has forks), ready or unmounted;
-    ``services`` names the services running in this helper."""
+    """One capsule in a list: state is paused, busy, frozen, ready or unmounted; ``services`` its running
+    services; ``held_by`` what keeps it frozen: its forks, and merged capsules stacked on its layer."""
 
     capsule_id: str
     workspace: str
@@ -501,12 +500,13 @@ class CapsuleSummary(OpReply):
     created_at: str
     state: str
     services: tuple[str, ...] | None = None
+    held_by: tuple[str, ...] | None = None
 
-    optional_fields = ("services",)
+    optional_fields = ("services", "held_by")
 
     @classmethod
     def _build(cls, result: dict[str, Any]) -> CapsuleSummary:
-        return cls(**{**result, "services": _paths(result.get("services"), "services")})
+        return cls(**{**result, **{key: _paths(result.get(key), key) for key in cls.optional_fields}})
 
 
 @dataclass(frozen=True)

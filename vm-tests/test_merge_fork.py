@@ -3,7 +3,9 @@
 The merged capsule is forked from the first input, and only the second's change is
 written into it: its parent is the first input, its diff still names both inputs'
 files against the base, and the first input is frozen (its execs refused, naming the
-fork) until the merged capsule is destroyed; a first input running a service is not
+fork) until the merged capsule is destroyed.  capsule_list says what holds each input
+(``state`` frozen, ``held_by``) and what the merged capsule merged (``merged_from``), and
+a capsule_resume of an input says why it stays frozen.  A first input running a service is not
 forked (its service would freeze).  A workspace edited underneath the attempts after
 they changed a file refuses the merge (REPO_CHANGED) and makes nothing, over the
 workspace itself or over a snapshot given as the base, and a refusal while the inputs
@@ -54,10 +56,11 @@ def test_the_merged_capsule_is_a_fork_of_the_first_input(tools: Any, tmp_path: P
     ws = _workspace(tmp_path)
 
     async def scenario(t: Any) -> dict[str, Any]:
-        _, one, two = await _attempts(t, ws)
+        parent, one, two = await _attempts(t, ws)
         merged = await t.call("capsule_merge", {"capsule_ids": [one, two], "into": "new"})
         made = merged["capsule_id"]
-        listed = {c["capsule_id"]: c["parent"] for c in (await t.call("capsule_list", {}))["capsules"]}
+        listed = {c["capsule_id"]: c for c in (await t.call("capsule_list", {}))["capsules"]}
+        resumed = await t.call("capsule_resume", {"capsule_id": two})  # held by the merge, not paused
         diff = await t.call("capsule_diff", {"capsule_id": made, "format": "json"})
         look = await t.call("capsule_exec",
                             {"capsule_id": made, "cmd": ["sh", "-c", "sed -n 2p a.txt; sed -n 9p b.txt"]})
@@ -68,11 +71,20 @@ def test_the_merged_capsule_is_a_fork_of_the_first_input(tools: Any, tmp_path: P
             frozen = exc
         await t.call("capsule_destroy", {"capsule_id": made})
         again = await t.call("capsule_exec", {"capsule_id": one, "cmd": ["true"]})
+        after = {c["capsule_id"]: c for c in (await t.call("capsule_list", {}))["capsules"]}
         return {"made": made, "listed": listed, "diff": diff, "look": look, "frozen": frozen, "again": again,
-                "one": one}
+                "one": one, "two": two, "parent": parent, "resumed": resumed, "after": after}
 
     out = tools.run(scenario)
-    assert out["listed"][out["made"]] == out["one"]
+    made, one, two, listed = out["made"], out["one"], out["two"], out["listed"]
+    assert listed[made]["parent"] == one and listed[made]["merged_from"] == [one, two]
+    # what keeps each input frozen is listed, as the refusals say it: the merge stacked on both
+    for held, by in ((one, [made]), (two, [made]), (out["parent"], [one, two])):
+        assert (listed[held]["state"], listed[held]["held_by"]) == ("frozen", by), listed[held]
+    assert listed[made]["state"] == "ready" and "held_by" not in listed[made]
+    assert out["resumed"]["paused"] is True and out["resumed"]["held_by"] == [made]
+    assert made in out["resumed"]["note"] and "destroyed" in out["resumed"]["note"]
+    assert out["after"][two]["state"] == "ready" and "held_by" not in out["after"][two]
     assert {f["path"]: f["status"] for f in out["diff"]["files"]} == {"a.txt": "modified", "b.txt": "modified"}
     assert out["look"]["stdout"].splitlines() == ["a.txt line two", "b.txt line nine"]
     assert out["frozen"] is not None and out["frozen"].code == "CONFLICT" and out["made"] in out["frozen"].message

@@ -96,7 +96,9 @@ _REFUSED = frozenset({"CONFLICT", "NOT_FOUND", "INVALID_ARGUMENT", "PERMISSION_D
 
 @dataclass(frozen=True)
 class LiveCapsule:
-    """One live capsule as ``list`` shows it."""
+    """One live capsule as ``list`` shows it: ``state`` in the helper's word (ready, busy, paused,
+    frozen or unmounted), ``held_by`` the live capsules stacked on its layer, which keep it frozen
+    (its forks, merges of it), and ``merged_from`` a merged capsule's inputs."""
 
     capsule_id: str
     workspace: str
@@ -104,7 +106,10 @@ class LiveCapsule:
     created_at: str
     execs: int
     generation: int
+    state: str
     services: dict[str, str] | None = None  # its services' states by name (capsules/services.py)
+    held_by: list[str] | None = None
+    merged_from: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -424,17 +429,11 @@ class CapsuleService:
             record = journal.capsule(item.capsule_id)
             if record is None:
                 continue
-            out.append(LiveCapsule(
-                capsule_id=item.capsule_id,
-                workspace=item.workspace,
-                parent=item.parent,
-                created_at=record.created_at,
-                execs=len(journal.execs(item.capsule_id)),
-                generation=record.generation,
-                **({"services": {one["name"]: one["state"]
-                                 for one in self.services.summaries(item.capsule_id, item.state)}}
-                   if self.services is not None else {}),
-            ))
+            services = ({one["name"]: one["state"] for one in self.services.summaries(item.capsule_id, item.state)}
+                        if self.services is not None else None)
+            out.append(LiveCapsule(item.capsule_id, item.workspace, item.parent, record.created_at,
+                                   len(journal.execs(item.capsule_id)), record.generation, item.state, services,
+                                   list(item.held_by or ()) or None, journal.merged_from(item.capsule_id) or None))
         return out
 
     async def changes(self, capsule_id: str) -> tuple[Change, ...]:

@@ -173,8 +173,12 @@ async def capsule_fork(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
 
 async def capsule_list(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """The caller's live capsules, by id."""
+    listed = await ctx.capsules.list_live()
     return {"capsules": [{key: value for key, value in dataclasses.asdict(summary).items()
-                          if key != "services" or value is not None} for summary in await ctx.capsules.list_live()]}
+                          if value is not None or key not in _LISTED_IF_ANY} for summary in listed]}
+
+
+_LISTED_IF_ANY = ("services", "held_by", "merged_from")  # left out of a capsule_list entry when None
 
 
 async def capsule_destroy(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
@@ -291,7 +295,7 @@ TOOLS = [
                     "type": "array",
                     "items": {
                         "type": "object",
-                        "required": ["capsule_id", "workspace", "parent", "created_at", "execs", "generation"],
+                        "required": ["capsule_id", "workspace", "parent", "created_at", "execs", "generation", "state"],
                         "additionalProperties": False,
                         "properties": {
                             "capsule_id": CAPSULE_ID,
@@ -300,8 +304,12 @@ TOOLS = [
                             "created_at": {"type": "string"},
                             "execs": {"type": "integer"},
                             "generation": GENERATION,
+                            "state": {"type": "string"},
                             "services": {"type": "object", "additionalProperties": {"type": "string"},
                                          "description": "Its services by name: their state (running, ready, ...)."},
+                            "held_by": {"type": "array", "items": CAPSULE_ID,
+                                        "description": "Forks and merges on it: frozen until destroyed."},
+                            "merged_from": {"type": "array", "items": CAPSULE_ID},
                         },
                     },
                 }

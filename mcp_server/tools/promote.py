@@ -39,9 +39,7 @@ HAZARD = {
 
 SKIPPED_LISTED = 1000
 
-GLOB = {"type": "string", "minLength": 1, "maxLength": 4096,
-        "description": "Relative to the workspace: * ? [..] within a component, ** any number of components; "
-                       "a directory matches everything under it."}
+GLOB = {"type": "string", "minLength": 1, "maxLength": 4096}
 SKIPPED = {
     "type": "object", "required": ["path", "reason"], "additionalProperties": False,
     "properties": {"path": {"type": "string"}, "reason": {"enum": ["ignored", "excluded", "not in paths", "git dir"]}},
@@ -117,9 +115,11 @@ TOOLS = [
                                     "description": ("Promote the files the live workspace's git ignores too "
                                                     "(default: false).")},
                 "paths": {"type": "array", "items": GLOB, "maxItems": 256,
-                          "description": "Promote only the paths these globs match (default: all)."},
+                          "description": "Promote only the paths these globs match (default: all), relative to "
+                                         "the workspace: * ? [..] within a component, ** any number of components; "
+                                         "a directory matches everything under it."},
                 "exclude": {"type": "array", "items": GLOB, "maxItems": 256,
-                            "description": "Leave behind the paths these globs match."},
+                            "description": "Leave behind the paths these globs (as in paths) match."},
                 "as_branch": {"type": "string", "description": "Instead: commit it to this new git branch."},
             },
         },

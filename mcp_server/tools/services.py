@@ -29,7 +29,7 @@ from mcp_server.tools.registry import ToolContext, ToolSpec, text_with_header
 from sandbox import checks
 from sandbox.checks import MAX_ARGV, MAX_PORT, SERVICE_NAME_RE
 from sandbox.errors import CcwError
-from sandbox.ops import FreezeRequest
+from sandbox.ops import FreezeRequest, ListRequest
 from sandbox.spec import Limits, resolve_cwd
 
 SERVICE_START = TakesTurn("service start", command_arg="cmd", subject_arg="name")
@@ -105,7 +105,14 @@ async def capsule_service_stop(ctx: ToolContext, args: dict[str, Any]) -> dict[s
 async def _freeze(ctx: ToolContext, args: dict[str, Any], frozen: bool) -> dict[str, Any]:
     record = ctx.capsules.live_record(args["capsule_id"])
     reply = await ctx.capsules.call(FreezeRequest(record.capsule_id, frozen))
-    return {"capsule_id": record.capsule_id, "paused": reply.frozen, "runs": list(reply.runs)}
+    out = {"capsule_id": record.capsule_id, "paused": reply.frozen, "runs": list(reply.runs)}
+    if reply.frozen and not frozen:  # a resume that could not thaw: say what holds it
+        listed = (await ctx.capsules.call(ListRequest())).capsules
+        held = next((list(one.held_by or ()) for one in listed if one.capsule_id == record.capsule_id), None)
+        if held:
+            out |= {"held_by": held, "note": f"it stays frozen while {', '.join(held)} stand(s) on its layer (forks, "
+                                             "merges of it); it thaws when they are destroyed"}
+    return out
 
 
 async def capsule_pause(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
@@ -143,9 +150,12 @@ _READY = {
     "description": "One of: port (accepts on the capsule's loopback), path (made in the jail), line "
                    "(text a line of its output contains); timeout_ms default 30000.",
 }
+_PAUSED_OUT: dict[str, Any] = {"capsule_id": CAPSULE_ID, "paused": {"type": "boolean"},
+                               "runs": {"type": "array", "items": {"type": "string"}}}
 _PAUSED = {"type": "object", "required": ["capsule_id", "paused", "runs"], "additionalProperties": False,
-           "properties": {"capsule_id": CAPSULE_ID, "paused": {"type": "boolean"},
-                          "runs": {"type": "array", "items": {"type": "string"}}}}
+           "properties": _PAUSED_OUT}
+_RESUMED = {**_PAUSED, "properties": {**_PAUSED_OUT, "held_by": {"type": "array", "items": CAPSULE_ID},
+                                      "note": {"type": "string"}}}
 
 TOOLS = [
     ToolSpec(
@@ -240,7 +250,7 @@ TOOLS = [
         title="Resume capsule",
         description="Thaw a paused capsule's processes.",
         input_schema=_input([]),
-        output_schema=_PAUSED,
+        output_schema=_RESUMED,
         handler=capsule_resume,
         scope="exec",
         idempotent=True,
