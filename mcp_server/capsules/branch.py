@@ -49,7 +49,7 @@ from typing import Any
 
 import trio
 
-from mcp_server.capsules import branch_tree, promote
+from mcp_server.capsules import branch_tree, gitowner, promote
 from mcp_server.capsules.branch_base import recorded_commit
 from mcp_server.capsules.gitpromote import _git
 from mcp_server.capsules.service import CapsuleService
@@ -204,6 +204,7 @@ def _commit(record: CapsuleRecord, found: Target, root_fd: int, ops: list[Op], k
     """Step 3 of the module docstring, in a thread."""
     workspace = record.workspace
     scratch = tempfile.mkdtemp(prefix="ccw-branch-")
+    was = gitowner.before(workspace)
     try:
         env = {"GIT_INDEX_FILE": os.path.join(scratch, "index")}
         _git(workspace, "read-tree", found.base, env=env)
@@ -230,6 +231,7 @@ def _commit(record: CapsuleRecord, found: Target, root_fd: int, ops: list[Op], k
                            f"{moved.stderr.decode(errors='replace').strip()}; no branch was made")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+        gitowner.give_back(was, (found.ref, f"logs/{found.ref}"))
     paths = sorted({*edits.remove, *(path for path, _ in edits.add)},
                    key=lambda p: p.encode("utf-8", "surrogateescape"))
     return _Made(oid, paths, edits.left_out)

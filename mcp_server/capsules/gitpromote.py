@@ -37,6 +37,7 @@ from typing import Any
 
 import trio
 
+from mcp_server.capsules import gitowner
 from mcp_server.capsules.exec import exec_request
 from mcp_server.fs.fingerprint import NO_HOOKS, git_env
 from mcp_server.fs.view import RootView
@@ -47,6 +48,9 @@ BUNDLE = ".ccw-promote.bundle"  # in the scratch fork's workspace, read through 
 MAX_BUNDLE = 256 << 20  # read into memory; a larger change is carried by hand
 TIMEOUT_S = 300
 _HARDENED = (*NO_HOOKS, "-c", "transfer.fsckObjects=true")
+# The fork's git, in the jail: it runs the capsule's config anyway, so a checkout another uid owns (a root
+# caller's, trusted on the host by safe.directory in a config the jail does not see) is no reason to refuse.
+_FORK_GIT = ("git", "-c", "safe.directory=*")
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,7 @@ def _checked_out_elsewhere(workspace: str, refs: list[str]) -> dict[str, str]:
 
 async def _capsule_commits(service: Any, fork_id: str, spec: Any, refs: list[str]) -> dict[str, str]:
     listed = (await service.scratch_exec(exec_request(
-        fork_id, ["git", "for-each-ref", "--format=%(objectname) %(refname)", *refs]), spec)).value
+        fork_id, [*_FORK_GIT, "for-each-ref", "--format=%(objectname) %(refname)", *refs]), spec)).value
     news: dict[str, str] = {}
     for line in listed.stdout.decode("utf-8", "replace").splitlines():
         oid, _, ref = line.partition(" ")
@@ -124,7 +128,7 @@ async def _capsule_commits(service: Any, fork_id: str, spec: Any, refs: list[str
 
 async def _bundle(service: Any, fork_id: str, spec: Any, refs: list[str], exclude: list[str]) -> bytes:
     made = (await service.scratch_exec(exec_request(
-        fork_id, ["git", "bundle", "create", "-q", BUNDLE, *refs, *(f"^{oid}" for oid in exclude)]), spec)).value
+        fork_id, [*_FORK_GIT, "bundle", "create", "-q", BUNDLE, *refs, *(f"^{oid}" for oid in exclude)]), spec)).value
     if made.exit_code != 0:
         raise CcwError("INTERNAL", f"git bundle failed in the capsule: {made.stderr.decode('utf-8', 'replace')[-500:]}")
     root_fd = await service.open_root(fork_id)
@@ -164,10 +168,14 @@ async def prepare(service: Any, capsule_id: str, workspace: str, refs: list[str]
 
 
 def _fetch(workspace: str, bundle: bytes, moves: list[RefMove]) -> None:
-    with tempfile.NamedTemporaryFile(prefix="ccw-promote-", suffix=".bundle") as file:
-        file.write(bundle)
-        file.flush()
-        _git(workspace, "fetch", "-q", "--no-tags", "--no-write-fetch-head", file.name, *(m.ref for m in moves))
+    was = gitowner.before(workspace)
+    try:
+        with tempfile.NamedTemporaryFile(prefix="ccw-promote-", suffix=".bundle") as file:
+            file.write(bundle)
+            file.flush()
+            _git(workspace, "fetch", "-q", "--no-tags", "--no-write-fetch-head", file.name, *(m.ref for m in moves))
+    finally:
+        gitowner.give_back(was)
     # The ids are the capsule's: each must now name a commit here (or a tag of one), not a blob.
     odd = [m.ref for m in moves if _host_commit(workspace, m.new) is None]
     if odd:
@@ -183,7 +191,7 @@ async def _follows(service: Any, fork_id: str, spec: Any, move: RefMove) -> bool
     if move.old is None:
         return True
     asked = (await service.scratch_exec(exec_request(
-        fork_id, ["git", "merge-base", "--is-ancestor", move.old, move.new]), spec)).value
+        fork_id, [*_FORK_GIT, "merge-base", "--is-ancestor", move.old, move.new]), spec)).value
     return asked.exit_code == 0
 
 
@@ -198,9 +206,13 @@ def apply(workspace: str, moves: list[RefMove], applied: list[str], capsule_id: 
     """Move each ref (compare-and-swap on the value checked); a checked-out branch's index takes the
     promoted paths from its new commit.  The refs moved, as the promotion result lists them."""
     zero = "0" * 40
-    for move in moves:
-        _git(workspace, "update-ref", "-m", f"ccw: promoted from capsule {capsule_id}", move.ref, move.new,
-             move.old or zero)
+    was = gitowner.before(workspace)
+    try:
+        for move in moves:
+            _git(workspace, "update-ref", "-m", f"ccw: promoted from capsule {capsule_id}", move.ref, move.new,
+                 move.old or zero)
+    finally:
+        gitowner.give_back(was, [path for move in moves for path in (move.ref, f"logs/{move.ref}")])
     head = _git(workspace, "symbolic-ref", "-q", "HEAD", check=False).stdout.decode().strip()
     if applied and any(move.ref == head for move in moves):
         paths = b"".join(os.fsencode(path) + b"\0" for path in applied)
