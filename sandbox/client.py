@@ -37,6 +37,7 @@ from typing import Any, Protocol, cast
 
 import trio
 
+from sandbox import opsurface
 from sandbox.errors import CcwError, ProtocolError
 from sandbox.ops import (
     MAX_SPARES,
@@ -342,9 +343,12 @@ class HelperClient:
         return self.process is None or not self.process.ending()
 
     async def hello(self) -> dict[str, Any]:
-        """The helper's version, mode, mechanisms in force and op list."""
+        """The helper's version, mode, mechanisms in force and op list; UNSUPPORTED from a helper
+        of another install, which would refuse or misread calls later (sandbox/opsurface.py)."""
         request = HelloRequest()
-        return await self.request(request.op, request.to_args())
+        info = await self.request(request.op, request.to_args())
+        opsurface.check(info, self.socket_path)
+        return info
 
     async def aclose(self) -> None:
         """Close every idle connection and stop the helper process, if this client owns one."""

@@ -48,7 +48,7 @@ from typing import Any
 from sandbox import rawnames
 from sandbox.errors import CcwError, ProtocolError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: a hello's reply names its surface (sandbox/opsurface.py)
 MAX_FRAME = 8 * 1024 * 1024  # bytes of one frame's body; replies are built to fit
 HEADER = struct.Struct(">I")
 MAX_ID = 2**53 - 1  # exact in every JSON reader

@@ -61,8 +61,7 @@ class OpReply:
         return cls(**result)
 
 
-# A class's wire keys (required, allowed), worked out once: a change list of thousands of
-# entries read them per entry from ``dataclasses.fields``, a third of the list's parse.
+# A class's wire keys (required, allowed), worked out once: per entry, a third of a change list's parse.
 _WIRE_KEYS: dict[type, tuple[set[str], set[str]]] = {}  # never changed once made
 
 
@@ -76,8 +75,7 @@ def _wire_keys(cls: type[OpReply]) -> tuple[set[str], set[str]]:
     return known
 
 
-# Each class's fields as ``to_args`` walks them (name, base64, optional), worked out once: a
-# change list's thousand entries each asked ``dataclasses.fields``, half of its encoding.
+# Each class's fields as ``to_args`` walks them (name, base64, optional), worked out once (half an encoding).
 _WIRE_FIELDS: dict[type, tuple[tuple[str, bool, bool], ...]] = {}  # never changed once made
 _SCALARS = frozenset({str, int, bool, float, type(None)})  # what ``_plain`` gives back as it is
 
@@ -224,16 +222,18 @@ class Touched(OpReply):
 
 @dataclass(frozen=True)
 class HelloReply(OpReply):
-    """The helper's protocol version, mode, the mechanisms in force and its ops."""
+    """The helper's protocol version, mode, the mechanisms in force, its ops and their digest
+    (sandbox/opsurface.py)."""
 
     version: int
     mode: str
     mechanisms: dict[str, Any]
     ops: tuple[str, ...]
+    surface: str
 
     @classmethod
     def _build(cls, result: dict[str, Any]) -> HelloReply:
-        return cls(result["version"], result["mode"], result["mechanisms"], tuple(result["ops"]))
+        return cls(result["version"], result["mode"], result["mechanisms"], tuple(result["ops"]), result["surface"])
 
 
 @dataclass(frozen=True)

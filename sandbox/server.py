@@ -74,6 +74,7 @@ from sandbox.ops import (
     attach_descriptors,
     parse_request,
 )
+from sandbox.opsurface import SURFACE
 from sandbox.protocol import (
     PROTOCOL_VERSION,
     FrameDecoder,
@@ -233,7 +234,7 @@ class Dispatcher:
                 f"the front end speaks IPC version {request.version}, this helper "
                 f"{PROTOCOL_VERSION}; install matching versions of ccw-mcp and ccw-helper",
             )
-        return HelloReply(PROTOCOL_VERSION, self.mode, self.mechanisms, tuple(sorted(OPS))), []
+        return HelloReply(PROTOCOL_VERSION, self.mode, self.mechanisms, tuple(sorted(OPS)), SURFACE), []
 
     def _create(self, request: CreateRequest, peer: Peer, progress: Progress | None) -> tuple[CreateReply, list[int]]:
         return self.manager.create(peer.uid, peer.gid, request.spec), []

@@ -24,7 +24,7 @@ from sandbox.ops import (
     encode_request,
     parse_request,
 )
-from sandbox.protocol import FrameDecoder, encode_error, encode_frame, encode_progress, encode_reply
+from sandbox.protocol import PROTOCOL_VERSION, FrameDecoder, encode_error, encode_frame, encode_progress, encode_reply
 from sandbox.replies import (
     CapsuleSummary,
     Change,
@@ -126,7 +126,8 @@ def test_replies_round_trip() -> None:
                             "state": "ready"}]}
     assert ListReply.from_args(listed) == ListReply((CapsuleSummary("cap_1", "/w", None, "t", "ready"),))
     assert ListReply.from_args(listed).to_args() == listed
-    hello = {"version": 1, "mode": "privileged", "mechanisms": {}, "ops": sorted(OPS)}
+    hello = {"version": PROTOCOL_VERSION, "mode": "privileged", "mechanisms": {}, "ops": sorted(OPS),
+             "surface": "0" * 16}
     assert HelloReply.from_args(hello).to_args() == hello
     progress = ExecProgress(5, 1, 0, b"a", b"")
     assert ExecProgress.from_args(progress.to_args()) == progress
@@ -173,7 +174,7 @@ def test_a_change_list_refuses_a_name_that_is_not_utf8_unless_asked_to_leave_it_
 
 ISOLATION: dict[str, Any] = {"filesystem": {"overlayfs": True, "disk_limit_mb": None}, "network": "none"}
 REPLIES: list[OpReply] = [
-    HelloReply(1, "rootless", {"jail": {"namespaces": ["mnt"]}}, tuple(sorted(OPS))),
+    HelloReply(2, "rootless", {"jail": {"namespaces": ["mnt"]}}, tuple(sorted(OPS)), "0123456789abcdef"),
     CreateReply("cap_1", "/s/merged", "/w", "2026-01-01T00:00:00Z", "2026-01-01T00:00:05Z", ISOLATION),
     ForkReply("cap_2", "/s/m2", "/w", "t1", "t2", ISOLATION, parent="cap_1"),
     ExecProgress(5, 1, 0, b"a\x00", b""),
@@ -302,7 +303,7 @@ def test_blocking_client_says_hello(tmp_path: Path) -> None:
     thread.start()
     try:
         with BlockingClient(path, 5.0) as client:
-            assert client.hello() == {"version": 1}
+            assert client.hello() == {"version": PROTOCOL_VERSION}
     finally:
         thread.join()
         listener.close()

@@ -24,6 +24,7 @@ from sandbox import egress, in_force, mountinfo, namespaces, syscalls
 from sandbox.errors import CcwError
 from sandbox.manager import CapsuleManager
 from sandbox.ops import OPS, REQUESTS
+from sandbox.opsurface import SURFACE
 from sandbox.protocol import PROTOCOL_VERSION, Request, encode_reply
 from sandbox.server import Dispatcher, Peer
 
@@ -148,7 +149,7 @@ def test_each_op_sends_the_shape_it_always_sent(served: tuple[CapsuleManager, Di
 
     hello, _ = call(dispatcher, "hello", {"version": PROTOCOL_VERSION})
     assert hello == {"version": PROTOCOL_VERSION, "mode": "privileged", "mechanisms": dispatcher.mechanisms,
-                     "ops": sorted(OPS)}
+                     "ops": sorted(OPS), "surface": SURFACE}
     seen.add("hello")
 
     created, _ = call(dispatcher, "create", {"workspace": str(ws)})
@@ -209,7 +210,7 @@ def test_each_op_sends_the_shape_it_always_sent(served: tuple[CapsuleManager, Di
     parent, child = (manager._capsules[c] for c in (cid, forked["capsule_id"]))
     assert listed == {"capsules": [
         {"capsule_id": cid, "workspace": str(ws), "parent": None, "created_at": parent.meta["created_at"],
-         "state": "frozen"},
+         "state": "frozen", "held_by": [forked["capsule_id"]]},
         {"capsule_id": forked["capsule_id"], "workspace": str(ws), "parent": cid,
          "created_at": child.meta["created_at"], "state": "ready"},
     ]}
