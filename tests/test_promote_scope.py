@@ -49,7 +49,8 @@ def test_a_repository_git_does_not_trust_names_each_way_on(tmp_path: Path, monke
         ignored(str(root), ["build/x.o"])
     assert refused.value.code == "PERMISSION_DENIED" and "dubious ownership" in refused.value.message
     assert refused.value.message.endswith("trust the repository as git says, or skip the check: include_ignored "
-                                          "for capsule_promote, ignored for capsule_diff")
+                                          "for capsule_promote, ignored for capsule_diff (capsule_merge has no "
+                                          "such switch: promote each attempt by itself)")
 
 
 def test_a_workspace_outside_git_ignores_nothing(tmp_path: Path) -> None:

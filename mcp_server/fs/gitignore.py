@@ -47,8 +47,9 @@ from sandbox.errors import CcwError
 NOT_A_REPOSITORY = "not a git repository"
 TIMEOUT_S = 30.0
 CACHEDIR_SIGNATURE = b"Signature: 8a477f597d28d172789f06886806bc55"  # bford.info/cachedir
-# How a caller goes without git's answer: the check is asked by promotion and by the diff.
-SKIP = "skip the check: include_ignored for capsule_promote, ignored for capsule_diff"
+# How a caller goes without git's answer: the check is asked by promotion, the diff and a merge.
+SKIP = ("skip the check: include_ignored for capsule_promote, ignored for capsule_diff (capsule_merge has no "
+        "such switch: promote each attempt by itself)")
 MAX_MARKER = 4096  # bytes of a cache dir's .gitignore or CACHEDIR.TAG worth reading
 
 
