@@ -242,11 +242,15 @@ async def connect_or_spawn(config: Config) -> HelperClient:
 
 
 def answering(socket_path: str) -> dict[str, Any] | None:
-    """``hello`` when a helper answers on ``socket_path``, else None."""
+    """``hello`` when a helper answers on ``socket_path``, else None.  A helper of another
+    install answers too, as ``{"other_install": why}``: it is there to stop (``stop``), not
+    to start another beside or to use (``HelperClient.hello`` refuses it)."""
     try:
         with BlockingClient(socket_path, HELLO_TIMEOUT_S) as client:
             return client.hello()
-    except (OSError, CcwError):
+    except CcwError as exc:
+        return {"other_install": exc.message} if exc.code == "UNSUPPORTED" else None
+    except OSError:
         return None
 
 
@@ -343,6 +347,7 @@ def status_of(socket_path: str) -> dict[str, Any]:
         "pid": listener_pid(socket_path),
         "mode": info.get("mode"),
         "version": info.get("version"),
+        **({"other_install": info["other_install"]} if "other_install" in info else {}),
     }
 
 

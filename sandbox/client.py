@@ -346,7 +346,12 @@ class HelperClient:
         """The helper's version, mode, mechanisms in force and op list; UNSUPPORTED from a helper
         of another install, which would refuse or misread calls later (sandbox/opsurface.py)."""
         request = HelloRequest()
-        info = await self.request(request.op, request.to_args())
+        try:
+            info = await self.request(request.op, request.to_args())
+        except CcwError as exc:
+            if exc.code == "UNSUPPORTED":  # a protocol version of its own
+                raise opsurface.refused(exc, self.socket_path) from exc
+            raise
         opsurface.check(info, self.socket_path)
         return info
 
@@ -393,10 +398,16 @@ class BlockingClient:
         self._sock.close()
 
     def hello(self) -> dict[str, Any]:
-        """The helper's version, mode, mechanisms in force and op list, as the helper sent them."""
+        """As ``HelperClient.hello``: what the helper sent, from a helper of this install only."""
         request = HelloRequest()
-        result, fds = self._round_trip(request.op, request.to_args())
+        try:
+            result, fds = self._round_trip(request.op, request.to_args())
+        except CcwError as exc:
+            if exc.code == "UNSUPPORTED":  # a protocol version of its own
+                raise opsurface.refused(exc, self.socket_path) from exc
+            raise
         _close_all(fds)
+        opsurface.check(result, self.socket_path)
         return result
 
     def net_open(self, capsule_id: str) -> tuple[NetOpenReply, list[int]]:

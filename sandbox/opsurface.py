@@ -54,10 +54,19 @@ def check(hello: Mapping[str, Any], socket_path: str) -> None:
     """Refuse (UNSUPPORTED) the helper that answered ``hello`` on ``socket_path`` unless it
     serves this front end's surface; the message says how to get one that does."""
     theirs = hello.get("surface")
-    if theirs == SURFACE:
-        return
-    told = "does not say which ops it serves (it is older)" if theirs is None else f"serves other ops ({theirs})"
-    raise CcwError(
+    if theirs != SURFACE:
+        told = "does not say which ops it serves (it is older)" if theirs is None else f"serves other ops ({theirs})"
+        raise _other_install(socket_path, told, theirs)
+
+
+def refused(refusal: CcwError, socket_path: str) -> CcwError:
+    """A helper's UNSUPPORTED answer to this front end's hello (a protocol version of its
+    own: older or newer), in ``check``'s words."""
+    return _other_install(socket_path, f"refused this front end's hello ({refusal.message})", None)
+
+
+def _other_install(socket_path: str, told: str, theirs: str | None) -> CcwError:
+    return CcwError(
         "UNSUPPORTED",
         f"the helper at {socket_path} comes from another ccw install than this front end: it {told}, this "
         f"front end needs {SURFACE}. Stop it with ccw helper stop (its capsules stay on disk; the next "

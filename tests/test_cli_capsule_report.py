@@ -1,5 +1,5 @@
-("""What `ccw capsule create|exec|diff|promote|deltamin` print for a person: exposed dirs, git dirs, """
- """hints, capsule names as text, the smallest failing change.""")
+("""What `ccw capsule create|exec|diff|promote|deltamin|list` print for a person: exposed dirs, git dirs, """
+ """hints, capsule names as text, the smallest failing change, what holds a capsule frozen.""")
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from mcp_server.cli.capsule import (
     _git_lines,
     _show_create,
     _show_deltamin,
+    _show_list,
     _show_promote,
     shown_diff,
 )
@@ -103,3 +104,17 @@ def test_a_cut_stream_says_how_much_was_lost_and_how_to_keep_it(capsys: pytest.C
     assert out == "x" * 10
     assert err == ("ccw: stdout cut after its first 1 MiB of 22.8 MiB (the rest is not kept: send it to a file "
                    "in the capsule, CMD > out.log, and read that)\n")
+
+
+def test_list_says_what_holds_a_capsule_frozen_and_what_a_merge_merged(capsys: pytest.CaptureFixture[str]) -> None:
+    common = {"workspace": "/w", "created_at": "t", "execs": 0, "generation": 0}
+    _show_list({"capsules": [
+        {**common, "capsule_id": "cap_a", "parent": None, "state": "frozen", "held_by": ["cap_m"]},
+        {**common, "capsule_id": "cap_b", "parent": None, "state": "paused"},
+        {**common, "capsule_id": "cap_m", "parent": "cap_a", "state": "ready", "merged_from": ["cap_a", "cap_b"]},
+    ]}, False, False)
+    assert capsys.readouterr().out.splitlines() == [
+        "cap_a  t  execs=0  generation=0  /w (frozen: held by cap_m)",
+        "cap_b  t  execs=0  generation=0  paused  /w",
+        "cap_m  t  execs=0  generation=0  /w (fork of cap_a) (merge of cap_a, cap_b)",
+    ]

@@ -24,6 +24,7 @@ from sandbox.ops import (
     encode_request,
     parse_request,
 )
+from sandbox.opsurface import SURFACE
 from sandbox.protocol import PROTOCOL_VERSION, FrameDecoder, encode_error, encode_frame, encode_progress, encode_reply
 from sandbox.replies import (
     CapsuleSummary,
@@ -297,13 +298,13 @@ def test_blocking_client_says_hello(tmp_path: Path) -> None:
                 decoder.feed(conn.recv(4096))
             assert request.op == "hello"
             conn.sendall(encode_progress(request.id, {}) + encode_frame(
-                {"id": request.id, "ok": True, "result": {"version": request.args["version"]}}))
+                {"id": request.id, "ok": True, "result": {"version": request.args["version"], "surface": SURFACE}}))
 
     thread = threading.Thread(target=serve)
     thread.start()
     try:
         with BlockingClient(path, 5.0) as client:
-            assert client.hello() == {"version": PROTOCOL_VERSION}
+            assert client.hello() == {"version": PROTOCOL_VERSION, "surface": SURFACE}
     finally:
         thread.join()
         listener.close()

@@ -2,8 +2,9 @@
 
 The digest follows the op table and the wire classes themselves (an argument or a reply
 key added changes it), and the front end's client refuses, at its first hello, a helper
-that serves another surface or none (one older than the digest), naming the way out,
-instead of failing later at whichever call first differs."""
+that serves another surface, none (one older than the digest) or another protocol
+version, naming the way out, instead of failing later at whichever call first differs;
+the ccw command sees such a helper as there (to stop) and not usable."""
 
 from __future__ import annotations
 
@@ -16,10 +17,13 @@ from typing import Any
 import pytest
 import trio
 
-from sandbox import checks, opsurface, replies, spec
+from mcp_server import launcher
+from mcp_server.cli import helperctl
+from sandbox import checks, opsurface, replies, server, spec
 from sandbox.client import HelperClient
 from sandbox.errors import CcwError
 from sandbox.ops import OPS
+from sandbox.protocol import PROTOCOL_VERSION
 from sandbox.server import Dispatcher, HelperServer
 
 
@@ -70,6 +74,22 @@ def test_a_helper_of_another_install_is_refused_at_hello(helper_socket: str, the
     assert "ccw helper stop" in info.value.message and helper_socket in info.value.message
     assert info.value.details == {"socket": helper_socket, "helper_surface": theirs, "surface": opsurface.SURFACE}
     assert ("older" in info.value.message) == (theirs is None)
+    # the ccw command: it is there (to stop, not to start another beside), shown, and not used
+    assert launcher.answering(helper_socket) == {"other_install": info.value.message}
+    assert launcher.status_of(helper_socket)["other_install"] == info.value.message
+    with pytest.raises(CcwError) as used:
+        helperctl._usable(helper_socket)
+    assert used.value.code == "UNSUPPORTED" and used.value.message == info.value.message
+
+
+def test_a_helper_of_another_protocol_version_is_refused_in_the_same_words(helper_socket: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server, "PROTOCOL_VERSION", PROTOCOL_VERSION - 1)  # a helper from before the digest
+    with pytest.raises(CcwError) as info:
+        _hello(helper_socket)
+    assert info.value.code == "UNSUPPORTED" and "refused this front end's hello" in info.value.message
+    assert "ccw helper stop" in info.value.message
+    assert launcher.answering(helper_socket) == {"other_install": info.value.message}
 
 
 def test_the_digest_follows_the_ops_arguments_and_the_wire_classes() -> None:

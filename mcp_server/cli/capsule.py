@@ -418,8 +418,11 @@ def _show_promote(result: dict[str, Any], color_out: bool, color_err: bool) -> i
 def _show_list(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
     for capsule in result["capsules"]:
         parent = f" (fork of {capsule['parent']})" if capsule["parent"] else ""
+        merged = f" (merge of {', '.join(capsule['merged_from'])})" if capsule.get("merged_from") else ""
+        held = f" (frozen: held by {', '.join(capsule['held_by'])})" if capsule.get("held_by") else ""
+        state = f"  {capsule['state']}" if capsule.get("state", "ready") not in ("ready", "frozen") else ""
         print(f"{capsule['capsule_id']}  {capsule['created_at']}  execs={capsule['execs']}  "
-              f"generation={capsule['generation']}  {capsule['workspace']}{parent}")
+              f"generation={capsule['generation']}{state}  {visible(capsule['workspace'])}{parent}{merged}{held}")
     return 0
 
 

@@ -59,13 +59,13 @@ def run(action: str, state_dir: str, force: bool = False, helper_socket: str = "
 def ensure(config: Config, autostart: bool = True) -> dict[str, Any]:
     """Make sure a helper answers for ``config``; which one (see the module docstring)."""
     if config.helper_socket:
-        info = answering(config.helper_socket)
+        info = _usable(config.helper_socket)
         if info is not None:
             return {"socket": config.helper_socket, "mode": info.get("mode"), "started": False}
         print(f"ccw: CCW_HELPER_SOCKET={config.helper_socket} does not answer; using the state dir's helper",
               file=sys.stderr)
     paths = HelperPaths.of(config.state_dir)
-    info = answering(str(paths.socket))
+    info = _usable(str(paths.socket))
     if info is not None:
         return {"socket": str(paths.socket), "mode": info.get("mode"), "started": False}
     if not autostart:
@@ -80,6 +80,15 @@ def ensure(config: Config, autostart: bool = True) -> dict[str, Any]:
     return started
 
 
+def _usable(socket_path: str) -> dict[str, Any] | None:
+    """``hello`` of the helper on ``socket_path``, None if none answers; UNSUPPORTED for one of
+    another install (left running by an earlier one): starting another beside it would fail."""
+    info = answering(socket_path)
+    if info is not None and "other_install" in info:
+        raise CcwError("UNSUPPORTED", info["other_install"], {"socket": socket_path})
+    return info
+
+
 def describe(action: str, result: dict[str, Any]) -> list[str]:
     """``run``'s result as the lines a person reads (``--json`` gives every field)."""
     lines = []
@@ -91,6 +100,8 @@ def describe(action: str, result: dict[str, Any]) -> list[str]:
         forced = ", killed: it did not end in time" if result.get("forced") else ""
         lines.append(f"helper stopped (pid {result.get('pid')}{forced})" if result.get("stopped") else
                      f"no helper was running ({result.get('reason', 'none answered')})")
+    elif result.get("other_install"):
+        lines.append(f"helper: running, pid {result.get('pid')}, and not usable: {result['other_install']}")
     else:
         lines.append(f"helper: running, {where}" if result.get("running") else
                      f"helper: not running ({result.get('reason', 'none answers')})")
