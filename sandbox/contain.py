@@ -83,7 +83,7 @@ from dataclasses import dataclass
 from sandbox import egress, mounts, namespaces, rootcaps, seccomp
 from sandbox.errors import CcwError
 from sandbox.jail_interface import DESCRIPTORS
-from sandbox.spec import DEFAULT_OUTPUT_CAP, DEFAULT_TIMEOUT_MS
+from sandbox.spec import DEFAULT_OUTPUT_CAP, DEFAULT_TIMEOUT_MS, JAIL_HOSTNAME
 
 _FD_REPORT = DESCRIPTORS["REPORT"]  # the init's report pipe (ccw-jail's FD_REPORT); 0-2 are the command's stdio
 # Sent by the helper to the init on timeout: "end the jail yourself" (so that it still
@@ -110,7 +110,7 @@ class JailSpec:
     uid: int = 0
     gid: int = 0
     clock_offset_sec: int = 0
-    hostname: str = "ccw"
+    hostname: str = JAIL_HOSTNAME
     network: str = "none"  # "none": an empty network namespace with lo up; "egress": net_fd's
     net_fd: int | None = None  # the capsule's network namespace (capsule_nets.py; the caller keeps it)
     binds: tuple[mounts.Bind, ...] = ()  # host dirs shown besides the workspace (toolchains, git dirs)

@@ -93,8 +93,9 @@ def _text(value: str) -> bytes:
 def _step(tag: bytes, step: mounts.MountStep) -> bytes:
     bits = ((SOURCE_IS_FILE if step.source_is_file else 0) | (NOFOLLOW if step.data == "nofollow" else 0)
             | (SOURCE_FD if step.from_fd else 0))
-    # The names the /etc overlay hides travel with its step ('/' is in no file name).
-    data = "/".join(mounts.ETC_SECRETS) if step.action == "etc" else step.data
+    # The names the /etc overlay hides travel with its step ('/' is in no file name), then
+    # after a newline (in none either) the hosts file its top layer holds (mounts.ETC_HOSTS).
+    data = "/".join(mounts.ETC_SECRETS) + "\n" + step.data if step.action == "etc" else step.data
     strings = b"".join(_text(s) for s in (step.target, step.source, data, step.describe()))
     return _record(tag, struct.pack("=3I", ACTIONS[step.action], step.attrs, bits) + strings)
 

@@ -51,6 +51,8 @@ Some facts about mounts, as the jail uses them:
   the host has it.  A lookup finds the mask's file and never asks the host's /etc: cat
   is refused (EACCES, the jail has no CAP_DAC_OVERRIDE), the size is 0, writes are
   refused.  Landlock could not do it (its rules allow, by inode), nor seccomp (no paths).
+  The mask holds the jail's own ``hosts`` file too (``ETC_HOSTS``), which names the jail's
+  hostname; a host's mount on /etc/hosts (a container's) is not bound over it.
 - Overlayfs takes each layer by path: how the mask reaches it, detached or attached,
   is in sandbox/mounttree.py, with the other facts of the new mount API.
 - A root caller's jail keeps four file capabilities, so every tree of the host's it is
@@ -128,6 +130,7 @@ from dataclasses import dataclass, replace
 from sandbox import mountinfo as mountinfo_
 from sandbox import mounttree, namespaces, syscalls
 from sandbox.errors import JAIL_STEP_HINT, jail_step_error
+from sandbox.spec import JAIL_HOSTNAME
 
 OLD_ROOT = "/.oldroot"  # where the host's root stays visible until the old root is detached
 STAGING = "/tmp"  # the host directory the tmpfs root is first mounted on (bubblewrap's habit)
@@ -145,6 +148,12 @@ SYS_MASKED_DIRS = ("firmware", "devices/virtual/powercap")
 # file for each), whether or not the host has them now: see the essay.
 ETC_SECRETS = ("shadow", "shadow-", "gshadow", "gshadow-")
 SECRET_FILES = tuple(f"/etc/{name}" for name in ETC_SECRETS)
+# The jail's /etc/hosts, in that top layer too: the jail's hostname is the same on every host
+# and in no host's hosts file, and git, sudo, hostname -f, Python's getfqdn and Java's
+# getLocalHost look it up (a failed lookup fails some of them).  Docker writes its own too.
+# On a line of its own at 127.0.1.1, as Debian's installer writes it: 127.0.0.1's name stays
+# localhost, and getfqdn answers the hostname (all of 127/8 is the jail's loopback).
+ETC_HOSTS = f"127.0.0.1\tlocalhost\n127.0.1.1\t{JAIL_HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 
 _RO = syscalls.MOUNT_ATTR_RDONLY | syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NODEV
 _RW = syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NODEV
@@ -212,7 +221,7 @@ def system_steps(host_root: str = "/", mountinfo: str = "") -> list[MountStep]:
         if os.path.islink(host_path):
             steps.append(MountStep("symlink", "/" + name, data=os.readlink(host_path)))
         elif name == "etc" and os.path.isdir(host_path):
-            steps.append(MountStep("etc", "/etc", "/etc", attrs=_RO, host_tree=True))
+            steps.append(MountStep("etc", "/etc", "/etc", attrs=_RO, data=ETC_HOSTS, host_tree=True))
             steps += [MountStep("bind_over", point, point, attrs=_RO, host_tree=True)
                       for point in etc_submounts(mountinfo)]
         elif os.path.isdir(host_path):
@@ -221,14 +230,15 @@ def system_steps(host_root: str = "/", mountinfo: str = "") -> list[MountStep]:
 
 
 def etc_submounts(mountinfo: str) -> list[str]:
-    """The host's outermost mount points strictly inside /etc, but never a secret's name.
+    """The host's outermost mount points strictly inside /etc, but never a secret's name nor
+    /etc/hosts (the jail has its own: ``ETC_HOSTS``).
 
     A container's /etc/hosts and /etc/resolv.conf are binds like these.  Each is bound
     recursively, so mounts nested inside one come along and are not listed.
     """
     every = [m.mount_point for m in mountinfo_.parse(mountinfo)]
-    points = sorted({point for point in every
-                     if _under(point, "/etc") and point != "/etc" and point not in SECRET_FILES})
+    points = sorted({point for point in every if _under(point, "/etc") and point != "/etc"
+                     and point not in (*SECRET_FILES, "/etc/hosts")})
     return [point for point in points if not any(_under(point, other) for other in points if other != point)]
 
 
@@ -387,7 +397,7 @@ def _build(root: int, step: MountStep, idmap: int | None) -> None:
         mounttree.attach(mounttree.clone(step.source, step.attrs, idmap=idmap), root, rel)
     elif action == "etc":
         mounttree.mountpoint_at(root, rel)
-        mounttree.attach(mounttree.etc_overlay(step.source, step.attrs, ETC_SECRETS, idmap), root, rel)
+        mounttree.attach(mounttree.etc_overlay(step.source, step.attrs, ETC_SECRETS, step.data, idmap), root, rel)
     elif action == "symlink":
         os.symlink(step.data, rel, dir_fd=root)
     elif action in ("dev", "devpts", "tmpfs"):

@@ -101,25 +101,32 @@ def mountpoint_at(root: int, rel: str, is_file: bool = False) -> None:
     os.chmod(rel, 0o644 if is_file else 0o755, dir_fd=root)
 
 
-def _etc_mask(hidden: tuple[str, ...]) -> int:
-    """The overlay's top layer for /etc: a tiny tmpfs with an empty mode-0000 file per ``hidden`` name."""
+def _etc_mask(hidden: tuple[str, ...], hosts: str) -> int:
+    """The overlay's top layer for /etc: a tiny tmpfs with an empty mode-0000 file per ``hidden``
+    name, and ``hosts`` as the jail's hosts file."""
     mask = new_mount("tmpfs", _ETC_MASK_DATA, _MASK_ATTRS)  # unreachable: under the overlay
     try:
         for name in hidden:
             os.mknod(name, stat.S_IFREG, dir_fd=mask)  # mode 0: not even the owner reads it
+        fd = os.open("hosts", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644, dir_fd=mask)
+        try:
+            os.write(fd, hosts.encode())  # a tmpfs takes a few hundred bytes whole
+        finally:
+            os.close(fd)
     except BaseException:
         os.close(mask)
         raise
     return mask
 
 
-def etc_overlay(source: str, attrs: int, hidden: tuple[str, ...], idmap: int | None = None) -> int:
-    """The jail's /etc: a read-only overlay of a mask hiding ``hidden`` names over the host's ``source``.
+def etc_overlay(source: str, attrs: int, hidden: tuple[str, ...], hosts: str, idmap: int | None = None) -> int:
+    """The jail's /etc: a read-only overlay of a mask hiding ``hidden`` names and holding ``hosts``
+    as its hosts file, over the host's ``source``.
 
     The detached mask is named by its descriptor (see the essay on overlayfs layers); with
     ``idmap``, so is the lower layer, an idmapped clone of ``source`` (sandbox/idmap.py).
     """
-    mask = _etc_mask(hidden)
+    mask = _etc_mask(hidden, hosts)
     lower = None
     try:
         if idmap is not None:

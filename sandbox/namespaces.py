@@ -74,7 +74,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from sandbox import syscalls
-from sandbox.spec import JAIL_NAMESPACES
+from sandbox.spec import JAIL_HOSTNAME, JAIL_NAMESPACES
 
 # Every jail gets these (and a pid namespace, made before the init is spawned; a time
 # namespace only when a clock offset is asked for).  They all apply to the caller itself.
@@ -107,7 +107,7 @@ class NamespacePlan:
     flags: int = JAIL_FLAGS
     timens_offsets: bytes | None = None  # text for /proc/self/timens_offsets, or None: no time ns
     extra_env: dict[str, str] = field(default_factory=dict)  # libfaketime's LD_PRELOAD/FAKETIME
-    hostname: str = "ccw"
+    hostname: str = JAIL_HOSTNAME
 
 
 def faketime_library() -> str | None:
@@ -130,7 +130,8 @@ def timens_offsets(clock_offset_sec: int, monotonic_now: float, boottime_now: fl
     return f"monotonic {mono} 0\nboottime {boot} 0\n".encode()
 
 
-def prepare(clock_offset_sec: int = 0, hostname: str = "ccw", env: dict[str, str] | None = None) -> NamespacePlan:
+def prepare(clock_offset_sec: int = 0, hostname: str = JAIL_HOSTNAME,
+            env: dict[str, str] | None = None) -> NamespacePlan:
     """Plan the namespaces of one jail (in the helper; ccw-jail enters them)."""
     flags = JAIL_FLAGS
     offsets = None
@@ -411,5 +412,5 @@ def mechanisms() -> dict[str, object]:
         "clock_offset": clock,
         "faketime_library": library,
         "network": "none: empty network namespace, lo up",
-        "hostname": "ccw",
+        "hostname": JAIL_HOSTNAME,
     }

@@ -46,6 +46,9 @@ DEFAULT_OUTPUT_CAP = 1 << 20  # bytes per stream
 DEFAULT_PROGRESS_MS = 1000  # the front end's journaled exec asks this; a request naming none gets no reports
 # The namespaces every jail gets (a time namespace too, when a clock offset is asked for).
 JAIL_NAMESPACES = ("mount", "pid", "net", "uts", "ipc", "cgroup")
+# Every jail's hostname (its uts namespace's), the same on every host, so a witness replays
+# alike; the jail's /etc/hosts names it (sandbox/mounts.py ETC_HOSTS).
+JAIL_HOSTNAME = "ccw"
 # "none": an empty network namespace, lo only; "egress": the capsule's own namespaces whose
 # only way out is the front end's proxies (sandbox/egress.py).  The allowlist is the front end's.
 NETWORKS = ("none", "egress")

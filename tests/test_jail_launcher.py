@@ -89,7 +89,9 @@ def test_without_a_tree_built_ahead_the_root_steps_go_along() -> None:
     root = [p for t, p in without if t == b"r"]
     assert len(root) == len(mounts.root_steps())
     etc = [p for p in root if struct.unpack_from("=I", p)[0] == jail_launcher.ACTIONS["etc"]]
-    assert len(etc) == 1 and etc[0][12:].split(b"\0")[2] == "/".join(mounts.ETC_SECRETS).encode()
+    # the names it hides, then after a newline the hosts file its top layer holds
+    assert len(etc) == 1 and etc[0][12:].split(b"\0")[2] == ("/".join(mounts.ETC_SECRETS) + "\n"
+                                                              + mounts.ETC_HOSTS).encode()
 
 
 def test_a_missing_launcher_says_how_to_recover(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -103,7 +103,7 @@ def test_system_steps_recreate_symlinks(tmp_path: Path) -> None:
     assert [s.target for s in steps if s.action == "bind"] == ["/usr"]
 
 
-def test_host_mounts_inside_etc_are_bound_over_the_overlay_but_never_a_secret(tmp_path: Path) -> None:
+def test_host_mounts_inside_etc_are_bound_over_the_overlay_but_never_a_secret_nor_hosts(tmp_path: Path) -> None:
     (tmp_path / "etc").mkdir()
     line = "{n} 1 0:{n} / {point} rw,relatime - {fstype} src rw"
     mountinfo = "\n".join(line.format(n=n, point=point, fstype=fstype) for n, (point, fstype) in enumerate([
@@ -111,9 +111,11 @@ def test_host_mounts_inside_etc_are_bound_over_the_overlay_but_never_a_secret(tm
         ("/etc/ssl", "tmpfs"), ("/etc/ssl/private", "tmpfs"), ("/etc/shadow", "ext4"), ("/etcetera", "tmpfs"),
         ("/etc/with\\040space", "tmpfs")]))
     steps = mounts.system_steps(str(tmp_path), mountinfo)
+    # A container's /etc/hosts stays under the jail's own (its hostname is in no host's)
     assert [(s.action, s.target) for s in steps] == [("etc", "/etc")] + [
-        ("bind_over", p) for p in ("/etc/hosts", "/etc/resolv.conf", "/etc/ssl", "/etc/with space")]
+        ("bind_over", p) for p in ("/etc/resolv.conf", "/etc/ssl", "/etc/with space")]
     assert all(s.source == s.target and s.attrs & 1 for s in steps)
+    assert steps[0].data == mounts.ETC_HOSTS and "127.0.1.1\tccw\n" in mounts.ETC_HOSTS
 
 
 def test_stream_keeps_the_cap_and_counts_everything() -> None:

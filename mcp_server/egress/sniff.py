@@ -39,9 +39,9 @@ Some facts about the sniffer, as the helper makes it and this module reads it:
 - IPv6 may put extension headers before TCP/UDP (hop-by-hop, routing, destination
   options, fragment); they are walked.  A non-first fragment carries no ports and is
   ignored, as are IPv4 fragments after the first.
-- The jail's own hostname (``JAIL_HOSTNAME``) is in no hosts file it reads (its /etc is
-  the host's), so git, sudo, ``hostname -f`` and Python's ``getfqdn`` send DNS queries for
-  it (and for it under resolv.conf's search domains) to the host's resolvers: each was a
+- The jail's own hostname (``JAIL_HOSTNAME``) is in its /etc/hosts, but a lookup still
+  sends DNS queries for it under resolv.conf's search domains (``hostname -f``, Python's
+  ``getfqdn``, a resolver that reads no hosts file) to the host's resolvers: each was a
   denied ``udp`` record and note in every such exec, about nothing the command asked
   for.  Such a query is not handed on (``own_names``); it still goes nowhere (the egress
   namespace answers port-unreachable, so the lookup fails at once, as it would in a
@@ -66,6 +66,7 @@ from typing import Literal
 import trio
 
 from mcp_server.egress.hostspace import RESOLV_CONF
+from sandbox.spec import JAIL_HOSTNAME
 
 log = logging.getLogger("ccw.egress")
 
@@ -78,7 +79,6 @@ _IPV6_EXTENSIONS = {0, 43, 60}  # hop-by-hop, routing, destination options
 _IPV6_FRAGMENT = 44
 _MAX_EXTENSIONS = 8
 MAX_DRAINED = 4096  # packets ``drain`` reads at most: a service still sending cannot hold an exec's end
-JAIL_HOSTNAME = "ccw"  # every jail's (sandbox/contain.py ``JailSpec.hostname``; the front end names no other)
 DNS_PORT = 53
 
 

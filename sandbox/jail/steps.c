@@ -184,16 +184,17 @@ static const char *under(char *buffer, size_t size, const char *top, const char 
 }
 
 /* The jail's /etc: a read-only overlay whose top layer, a tiny tmpfs parked on the empty
- * /.oldroot until the overlay holds it, has an empty mode-0 file for each hidden name
- * (data: the names, '/'-separated; mounts.py's essay on why by name). */
+ * /.oldroot until the overlay holds it, has an empty mode-0 file for each hidden name and
+ * the jail's own hosts file (data: the names, '/'-separated, then after a newline the
+ * hosts file's text, mounts.ETC_HOSTS; mounts.py's essay on why by name). */
 static void etc_overlay(const char *top, const struct mount_step *step, const char *at)
 {
     char park[PATH_MAX], name[PATH_MAX], lower[2 * PATH_MAX + 16];
     const char *names = step->data;
     under(park, sizeof park, top, OLD_ROOT);
     check(mount("none", park, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=4k,nr_inodes=16"), "mount(tmpfs)");
-    while (*names != '\0') {
-        size_t length = strcspn(names, "/");
+    while (*names != '\0' && *names != '\n') {
+        size_t length = strcspn(names, "/\n");
         if (length == 0) {
             errno = EINVAL;
             fail_errno(current, "hidden name");
@@ -201,6 +202,20 @@ static void etc_overlay(const char *top, const struct mount_step *step, const ch
         format(name, sizeof name, "hidden name", "%s/%.*s", park, (int)length, names);
         check(mknod(name, S_IFREG, 0), "mknod"); /* mode 0: not even its owner reads it */
         names += length + (names[length] == '/');
+    }
+    if (*names == '\n') {
+        const char *hosts = names + 1;
+        size_t left = strlen(hosts);
+        int fd = open(format(name, sizeof name, "hosts", "%s/hosts", park), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
+                      0644);
+        check(fd, "open(hosts)");
+        while (left > 0) { /* a tmpfs takes a few hundred bytes whole; a short write goes on */
+            ssize_t wrote = write(fd, hosts, left);
+            check(wrote, "write(hosts)");
+            hosts += wrote;
+            left -= (size_t)wrote;
+        }
+        close(fd);
     }
     format(lower, sizeof lower, "overlay options", "lowerdir=%s:%s", park, step->source);
     check(mount("ccw-etc", at, "overlay", step->attrs, lower), "mount(overlay)");
