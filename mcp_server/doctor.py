@@ -112,8 +112,10 @@ def probe_service(path: str) -> Check:
         fix = "add yourself to group ccw (usermod -aG ccw $USER) and log in again" \
             if exc.errno in (errno.EACCES, errno.EPERM) else "systemctl start ccw-helper.socket"
         return Check("helper_service", False, f"{path}: {probe.describe(exc)}", fix)
-    except CcwError as exc:
-        return Check("helper_service", False, f"{path} refused hello: {exc.message}", "check the helper's log")
+    except CcwError as exc:  # UNSUPPORTED: the service runs another ccw install than this one
+        fix = ("install this ccw for the service too, then systemctl restart ccw-helper.service"
+               if exc.code == "UNSUPPORTED" else "check the helper's log")
+        return Check("helper_service", False, f"{path} refused hello: {exc.message}", fix)
     granted = ", ".join(service_grants(info.get("mechanisms") or {})) or "nothing beyond its mode"
     return Check("helper_service", True, f"{path} answers ({info.get('mode')} mode; grants {granted})")
 

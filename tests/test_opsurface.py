@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import trio
 
-from mcp_server import launcher
+from mcp_server import doctor, launcher
 from mcp_server.cli import helperctl
 from sandbox import checks, opsurface, replies, server, spec
 from sandbox.client import HelperClient
@@ -80,6 +80,9 @@ def test_a_helper_of_another_install_is_refused_at_hello(helper_socket: str, the
     with pytest.raises(CcwError) as used:
         helperctl._usable(helper_socket)
     assert used.value.code == "UNSUPPORTED" and used.value.message == info.value.message
+    # ccw doctor, of a system service: not a working helper, and how to match it
+    probed = doctor.probe_service(helper_socket)
+    assert probed.ok is False and info.value.message in probed.detail and "restart" in (probed.fix or "")
 
 
 def test_a_helper_of_another_protocol_version_is_refused_in_the_same_words(helper_socket: str,
