@@ -71,9 +71,11 @@ class TakesTurn:
     # An argument listing several capsules (a race's, a merge's): the call takes a place in each
     # of their lines on arrival, as a call on one capsule does in its line (``CapsuleQueue.arrive``).
     capsules_arg: str | None = None
-    # The call also takes a place in its capsule's parent's line on arrival, which it never claims:
-    # a fork's destroy thaws its parent, so the parent's calls sent after it (its own destroy,
-    # refused while it has forks) wait until that destroy has answered.
+    # The call also takes a place in its capsules' parents' lines on arrival.  A fork's destroy never
+    # claims it: the destroy thaws its parent, so the parent's calls sent after it (its own destroy,
+    # refused while it has forks) wait until that destroy has answered.  A merge claims it when the
+    # parent is the inputs' common ancestor, whose turn it takes too: taken later instead, behind
+    # the place a destroy of an input sent after it took there, the two calls waited on each other.
     parent_too: bool = False
 
     def capsules_of(self, args: Mapping[str, Any]) -> list[str]:
@@ -231,8 +233,10 @@ class CapsuleQueue:
         tickets = [self.reserve(capsule_id, label, takes, args) for capsule_id in takes.capsules_of(args)]
         if not tickets:
             return None
-        for parent in parents_of(tickets[0].capsule_id) if takes.parent_too and parents_of is not None else ():
-            tickets.append(self.reserve(parent, f"{label} of fork {tickets[0].capsule_id}"))
+        for child in list(tickets) if takes.parent_too else ():
+            for parent in parents_of(child.capsule_id) if parents_of is not None else ():
+                if all(one.capsule_id != parent for one in tickets):
+                    tickets.append(self.reserve(parent, f"{label} of fork {child.capsule_id}"))
         tickets[0].more = tickets[1:]  # the others travel with the first: claimed, and given back, with it
         return tickets[0]
 

@@ -79,7 +79,8 @@ TOOLS = [
             },
         },
         handler=capsule_merge,
-        turn=dataclasses.replace(MERGE, capsules_arg="capsule_ids"),  # a place in each input's line, on arrival
+        # a place in each input's line, and in each one's parent's, on arrival
+        turn=dataclasses.replace(MERGE, capsules_arg="capsule_ids", parent_too=True),
         scope="promote",
         scope_of=scope_of,
         other_scopes=("exec",),
