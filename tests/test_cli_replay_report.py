@@ -69,3 +69,13 @@ def test_an_untrusted_replay_says_so_once_in_words(capsys: pytest.CaptureFixture
     assert capsys.readouterr().err.splitlines() == [
         "signature: unknown key (SHA256:abc)",
         "ccw: no trusted signature (the line above); replayed as --allow-untrusted asked"]
+
+
+def test_a_toolchain_this_replay_does_not_show_is_named_beside_the_failure(capsys: pytest.CaptureFixture[str]) -> None:
+    # A .venv whose interpreter lives where no toolchain manager keeps one, replayed from another
+    # state dir: the run fails with 127, and the line says why without --json.
+    code = {"kind": "exec", "exec": 1, "field": "exit_code", "expected": 0, "actual": 127, "argv": ["pytest"]}
+    why = "not at a toolchain's known place (pyenv, uv, nvm, ...): a witness from elsewhere names no other"
+    _show_replay({"replay_ok": False, "mismatches": [code], "output_diffs": [],
+                  "expose": {"used": [], "dropped": [{"path": "/home/u/pyhome", "reason": why}]}}, False, False)
+    assert f"not shown here: /home/u/pyhome ({why})" in capsys.readouterr().err.splitlines()

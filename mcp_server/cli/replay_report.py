@@ -34,6 +34,9 @@ def show_replay(result: dict[str, Any], color_out: bool, color_err: bool) -> int
                     color_err), file=sys.stderr)
     if result.get("env_missing"):
         print(visible(f"not given (--env NAME=VALUE): {' '.join(result['env_missing'])}"), file=sys.stderr)
+    # a toolchain the witness's capsule showed and this replay does not: its commands fail for it (exit 127)
+    for dropped in (result.get("expose") or {}).get("dropped") or ():
+        print(visible(f"not shown here: {dropped['path']} ({dropped['reason']})"), file=sys.stderr)
     for mismatch in result.get("mismatches", []):
         print(f"  {visible(mismatch_line(mismatch))}")
     suggested = sorted({glob for m in result.get("mismatches", []) for glob in m.get("suggest_volatile") or ()})
