@@ -461,3 +461,32 @@ def test_orig_head_set_inside_the_promoted_history_is_plain_and_outside_it_is_no
     planted = judged([["checkout", "-q", "-b", "side"], ["commit", "-q", "--allow-empty", "-m", "evil"],
                       ["update-ref", "ORIG_HEAD", "side"], ["checkout", "-q", "main"], ["branch", "-q", "-D", "side"]])
     assert "ORIG_HEAD set to" in str(planted["ORIG_HEAD"])  # a commit nothing promoted leads to
+
+
+def test_a_squash_of_the_capsules_own_commits_leaves_its_pseudorefs_behind(tmp_path: Path) -> None:
+    # An agent squashes its two commits before promotion: ORIG_HEAD names the commit before the
+    # rebase (in no history the person promotes) and git 2.39 leaves REBASE_HEAD.  Both stay
+    # behind, the host's as they were, and what is left to promote has no hazard in its refs.
+    live, capsule = tmp_path / "live", tmp_path / "capsule"
+    _git(tmp_path, "init", "-q", "-b", "main", str(live))
+    (live / "f").write_text("1\n")
+    _git(live, "add", "-A")
+    _git(live, "commit", "-q", "-m", "c0")
+    subprocess.run(["cp", "-a", str(live), str(capsule)], check=True)
+    for line in ("2", "3"):
+        (capsule / "f").write_text((capsule / "f").read_text() + f"{line}\n")
+        _git(capsule, "commit", "-q", "-am", line)
+    subprocess.run(["git", "-C", str(capsule), "-c", "user.name=t", "-c", "user.email=t@t", "rebase", "-q", "-i",
+                    "HEAD~2"], check=True, capture_output=True,
+                   env={**os.environ, "GIT_SEQUENCE_EDITOR": "sed -i 2s/^pick/squash/", "GIT_EDITOR": "true"})
+    entries = _entries(live, capsule)
+    checked = {e.path for e in entries if (oid := hazards.loose_object_id(e.path)) and e.new
+               and hazards.true_loose_object(oid, (capsule / e.path).read_bytes())}
+    with RootView.open(str(capsule)) as view:
+        refs = gitrefs.changes(view, str(live), entries, (), checked)
+    behind = refmoves.left_behind(refs, [e.path for e in entries])
+    assert ".git/ORIG_HEAD" in behind and behind <= {".git/ORIG_HEAD", ".git/REBASE_HEAD"}
+    assert (capsule / ".git" / "REBASE_HEAD").exists() == (".git/REBASE_HEAD" in behind)
+    assert refmoves.reasons(ref for ref in refs if ref.path not in behind) == {}  # main moved forward
+    assert refmoves.left_behind([], ["sub/.git/REBASE_HEAD", "REBASE_HEAD", ".git/refs/heads/x"]) == {
+        "sub/.git/REBASE_HEAD"}  # in a git dir only

@@ -17,10 +17,9 @@ Order of checks, cheapest first, and why:
    before anything is written: a capsule's own ``.git/config`` is already a hazard, and
    decides nothing.  So are the refs moved in the workspace's own git dirs: their old values
    and whether a branch moved forward come from the live workspace (capsules/gitrefs.py).
-   Each one found is a named
-   entry of the report's ``hazards``; one the request's ``allow_hazards`` does not name
-   fails it (``hazards_ok: false``).  fs/promote.py never writes a setuid or setgid bit
-   anyway, allowed or not.
+   Each one found is a named entry of the report's ``hazards``; one the request's
+   ``allow_hazards`` does not name fails it (``hazards_ok: false``).  fs/promote.py never
+   writes a setuid or setgid bit anyway, allowed or not.
 3. **Policies**: paths and resources from the journal (no new runs), then required
    tests (run in a *fork* of the capsule, so test runs leave the capsule itself as it
    is and are not promoted), then the replay if a policy requires it
@@ -32,17 +31,16 @@ Order of checks, cheapest first, and why:
    checked to fast-forward before the files are written, and moved after them
    (capsules/gitpromote.py); what else changed there is listed in ``git``.
 
-**Scope** (``Request.scope``, fs/gitignore.py): by default what the live workspace's git
-ignores (``.pytest_cache/``, ``__pycache__/``, ``build/``, a built ``.so``) is not
-promoted; ``include_ignored`` promotes it too, ``paths`` and ``exclude`` globs select.
-Each path left behind is in the result's ``skipped`` (path, reason ``ignored``,
-``excluded`` or ``not in paths``); ``ignored: "not a git repository"`` says the workspace
-has no ignore rules.  Conflicts and hazards are judged on the paths promoted, since the
-rest is never written; the policies' required tests still run on the whole capsule (a
-fork of it, build output included).  A partial promotion leaves the capsule as it is.
-Its base is the live tree, so the paths promoted now equal it and are no change any
-more: promoting the capsule again writes the rest, with no conflict
-(vm-tests/test_devmachine_scope.py shows it).
+**Scope** (``Request.scope``, fs/gitignore.py): by default what the live workspace's git ignores
+(``.pytest_cache/``, ``__pycache__/``, ``build/``, a built ``.so``) is not promoted;
+``include_ignored`` promotes it too, ``paths`` and ``exclude`` globs select. Each path left
+behind is in the result's ``skipped`` (path, reason ``ignored``, ``excluded``, ``not in paths``,
+or ``pseudoref``: core/refmoves.py ``left_behind``); ``ignored: "not a git repository"`` says
+the workspace has no ignore rules. Conflicts and hazards are judged on the paths promoted, since
+the rest is never written; the policies' required tests still run on the whole capsule (a fork
+of it, build output included). A partial promotion leaves the capsule as it is. Its base is the
+live tree, so the paths promoted now equal it and are no change any more: promoting the capsule
+again writes the rest, with no conflict (vm-tests/test_devmachine_scope.py shows it).
 
 ``dry_run`` runs 1 to 3 and step 4's checks of the git refs (writing nothing: the capsule's git
 judges the fast-forwards), and lists in ``applied`` what would be applied.  Default policies:
@@ -171,6 +169,9 @@ def _plan(record: CapsuleRecord, changes: Sequence[Change], root_fd: int, journa
         bare = _bare_gitdirs(capsule, [entry.path for entry in entries])
         checked_data = _checked_data(capsule, entries, bare)
         refs = gitrefs.changes(capsule, record.workspace, entries, bare, checked_data)
+        behind = refmoves.left_behind(refs, [entry.path for entry in entries], bare)  # the host's stay
+        entries, refs = [e for e in entries if e.path not in behind], [r for r in refs if r.path not in behind]
+        skipped += [{"path": path, "reason": refmoves.LEFT_BEHIND} for path in sorted(behind)]
         staged = gitindex.reasons(capsule, record.workspace, entries, bare, checked_data)
     return _Plan(entries, skipped, note, _conflicts(journal, record, entries, early), bare,
                  gitconfig.read(record.workspace), checked_data,

@@ -8,10 +8,11 @@ v1.0 EVIL`` has whoever builds v1.0 build another commit; ``git reset --hard HEA
 ``git branch -f main X`` drops the branch's commits; ``refs/remotes/*`` say what the remote
 holds, and ``git pull --rebase`` or ``git reset --hard origin/main`` take it at its word.
 So a new ref, and a branch moved to a descendant of its commit (a fast-forward), are
-plain; a moved tag, a branch moved elsewhere, a deleted ref, any change under
-``refs/remotes/``, ``FETCH_HEAD`` set, and ``ORIG_HEAD`` set to a commit outside the
-history the person has once promoted (the new HEAD's or the old one's: ``git stash``, a
-fast-forward merge and ``git reset --soft HEAD~1`` set it inside) are hazards.  ``git commit
+plain; a moved tag, a branch moved elsewhere, a deleted ref and any change under
+``refs/remotes/`` are hazards.  ``FETCH_HEAD`` set, and ``ORIG_HEAD`` set to a commit outside
+the history the person has once promoted (the new HEAD's or the old one's: ``git stash``, a
+fast-forward merge and ``git reset --soft HEAD~1`` set it inside), would be too; a promotion
+leaves them behind instead (``left_behind``), as it does REBASE_HEAD.  ``git commit
 --amend`` of a commit the capsule made still fast-forwards; of one the workspace has, it
 rewrites that branch's history and is a hazard, as a rebase is.  Deleting ``ORIG_HEAD``
 or ``FETCH_HEAD`` undoes nothing to what git would run or check out.  Pure logic: the
@@ -23,13 +24,22 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+
+from mcp_server.core import hazards
 
 _HEX = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 # Written by git reset, merge, rebase and pull; what git's usual undo and merge of a fetch take.
 UNDO_HEADS = {"ORIG_HEAD": "git reset --hard ORIG_HEAD, the usual undo of a merge, rebase or reset, goes to it",
               "FETCH_HEAD": "git merge FETCH_HEAD and git pull take it as what the remote holds"}
+# Pseudorefs a promotion leaves behind rather than refuse: an undo head ``reason`` would refuse, and
+# REBASE_HEAD, which git 2.39 leaves after a finished ``rebase -i`` that squashed (the commit it last
+# stopped at).  Only git's own undo and continue read them, and the host's stay as they were: a
+# person's ``git reset --hard ORIG_HEAD`` then never reaches a commit the promotion did not show.
+# Squashing its own commits before promotion is an agent's habit; each was a refusal.
+LEFT_BEHIND = "pseudoref"  # the reason a promotion gives for skipping one
+ALWAYS_LEFT = ("REBASE_HEAD",)
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,17 @@ def reasons(refs: Iterable[RefChange]) -> dict[str, str]:
         if why is not None:
             found.setdefault(ref.path, []).append(why)
     return {path: "; ".join(whys) for path, whys in found.items()}
+
+
+def left_behind(refs: Iterable[RefChange], paths: Iterable[str], bare_gitdirs: Collection[str] = ()) -> set[str]:
+    """Which changed ``paths`` a promotion leaves behind (``LEFT_BEHIND``): those of the undo heads in
+    ``refs`` that ``reason`` would refuse, and any ``ALWAYS_LEFT`` of a git directory."""
+    found = {ref.path for ref in refs if ref.ref in UNDO_HEADS and reason(ref) is not None}
+    for path in paths:
+        inside = hazards.in_gitdir(path, bare_gitdirs)
+        if inside is not None and inside[1].upper() in ALWAYS_LEFT:
+            found.add(path)
+    return found
 
 
 def is_oid(value: str) -> bool:

@@ -42,7 +42,8 @@ SKIPPED_LISTED = 1000
 GLOB = {"type": "string", "minLength": 1, "maxLength": 4096}
 SKIPPED = {
     "type": "object", "required": ["path", "reason"], "additionalProperties": False,
-    "properties": {"path": {"type": "string"}, "reason": {"enum": ["ignored", "excluded", "not in paths", "git dir"]}},
+    "properties": {"path": {"type": "string"},
+                   "reason": {"enum": ["ignored", "excluded", "not in paths", "git dir", "pseudoref"]}},
 }
 
 
