@@ -526,6 +526,24 @@ def test_service_list_says_why_a_service_is_lost_and_how_to_bring_it_back(
         "db\tready\tpostgres"]
 
 
+def test_resume_of_a_capsule_held_frozen_says_by_what(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    # Found in an upgrade trial: ccw capsule resume of a fork's parent printed "paused (idle)" and
+    # nothing more; what holds it frozen, and until when, were in --json alone.
+    resumed = {"capsule_id": "cap_1", "paused": True, "runs": [], "held_by": ["cap_2"],
+               "note": "it stays frozen while cap_2 stand(s) on its layer (forks, merges of it); "
+                       "it thaws when they are destroyed"}
+
+    async def call_tool(*args: Any, **options: Any) -> dict[str, Any]:
+        return resumed
+
+    _answered_by(call_tool, tmp_path, monkeypatch)
+    assert main(["capsule", "resume", "cap_1"]) == 0
+    shown = capsys.readouterr()
+    assert shown.out == "cap_1: paused (idle)\n"
+    assert shown.err == f"ccw: {resumed['note']}\n"
+
+
 def test_witness_prints_the_id_replay_takes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     # Found in a new-user trial: W=$(ccw capsule witness CAP) held "ID PATH", which

@@ -127,6 +127,8 @@ def _show(name: str, result: dict[str, Any], args: argparse.Namespace) -> None:
     elif name in ("capsule_pause", "capsule_resume"):
         print(f"{args.capsule_id}: {'paused' if result['paused'] else 'running'} "
               f"({', '.join(result['runs']) or 'idle'})")
+        if result.get("note"):  # a resume of a capsule its forks or a merge hold frozen: by what, and until when
+            print(f"ccw: {visible(result['note'])}", file=sys.stderr)
     elif name == "capsule_service_list":
         for one in result["services"]:
             status = "".join(f" {key} {one[key]}" for key in ("exit_code", "signal") if key in one)
