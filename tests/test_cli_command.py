@@ -487,6 +487,26 @@ def test_helper_status_names_the_helper_socket_the_commands_use(
         f"helper: running, privileged mode, pid {os.getpid()} ({service}, CCW_HELPER_SOCKET)")
 
 
+def test_helper_stop_names_the_helper_socket_it_leaves_running(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # Found in an upgrade trial: a helper of the earlier install served CCW_HELPER_SOCKET; every
+    # command's refusal said to stop it with ccw helper stop, which said "no helper was running"
+    # and exited 0 while that helper went on answering.
+    service = str(tmp_path / "service.sock")
+    monkeypatch.setattr("mcp_server.launcher.answering", lambda path: {"other_install": "older"}
+                        if path == service else None)
+    monkeypatch.setattr(helperctl, "answering", lambda path: {"other_install": "older"} if path == service else None)
+    monkeypatch.setenv("CCW_HELPER_SOCKET", service)
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(service)
+        listening.listen()
+        assert main(["--state-dir", str(tmp_path / "state"), "helper", "stop"]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        f"helper left running: the helper the commands use is CCW_HELPER_SOCKET's, {service} (pid {os.getpid()}), "
+        "and ccw helper stop stops only the state dir's own: restart that one as it was started (systemctl restart "
+        "ccw-helper.service for the system service), or unset CCW_HELPER_SOCKET"]
+
+
 def test_service_list_shows_each_ports_path_and_connections_accepted_and_refused(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     # Found in a new-user trial: the person checking that another uid was kept out of a

@@ -244,7 +244,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             print_json(result)
         else:
             print("\n".join(helperctl.describe(args.action, result)))
-        return 0 if args.action != "status" or result["running"] else 1
+        return 1 if (args.action == "status" and not result["running"]) or result.get("left_running") else 0
     for module in _own_commands():
         if args.command in module.COMMANDS:
             return int(module.run(args, config))

@@ -50,7 +50,16 @@ def run(action: str, state_dir: str, force: bool = False, helper_socket: str = "
             frontdaemon.refuse_to_end_held(state_dir)
         # The front end the ccw command started uses this helper: it goes first (an agent's
         # ccw-mcp serving the state dir is left alone; it would start a helper again).
-        return {**frontdaemon.stop_daemon(state_dir), **launcher.stop(state_dir)}
+        stopped = {**frontdaemon.stop_daemon(state_dir), **launcher.stop(state_dir)}
+        if not stopped["stopped"] and helper_socket and answering(helper_socket) is not None:
+            # The commands use CCW_HELPER_SOCKET's helper (a system service's, say): "none was
+            # running" would send a person who was told to stop it (an older install's) nowhere.
+            stopped |= {"given": True, "left_running": helper_socket,
+                        "reason": f"the helper the commands use is CCW_HELPER_SOCKET's, {helper_socket} (pid "
+                                  f"{launcher.listener_pid(helper_socket)}), and ccw helper stop stops only the "
+                                  "state dir's own: restart that one as it was started (systemctl restart "
+                                  "ccw-helper.service for the system service), or unset CCW_HELPER_SOCKET"}
+        return stopped
     if helper_socket and answering(helper_socket) is not None:
         return {**frontdaemon.status(state_dir), **launcher.status_of(helper_socket), "given": True}
     return {**frontdaemon.status(state_dir), **launcher.status_of(str(HelperPaths.of(state_dir).socket))}
@@ -99,6 +108,7 @@ def describe(action: str, result: dict[str, Any]) -> list[str]:
     elif action == "stop":
         forced = ", killed: it did not end in time" if result.get("forced") else ""
         lines.append(f"helper stopped (pid {result.get('pid')}{forced})" if result.get("stopped") else
+                     f"helper left running: {result['reason']}" if result.get("left_running") else
                      f"no helper was running ({result.get('reason', 'none answered')})")
     elif result.get("other_install"):
         lines.append(f"helper: running, pid {result.get('pid')}, and not usable: {result['other_install']}")
