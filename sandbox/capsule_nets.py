@@ -52,6 +52,7 @@ from sandbox import namespaces, syscalls
 from sandbox.egress import Kits
 from sandbox.errors import CcwError
 from sandbox.replies import NetConnectReply
+from sandbox.spec import JAIL_HOST_ADDRESS
 
 
 def _make() -> int:
@@ -65,11 +66,13 @@ def _make() -> int:
 
 
 def _connect_inside(netns: int, port: int) -> socket.socket:
-    """A TCP socket made in ``netns`` and connected there to the port on loopback (v4, then v6)."""
+    """A TCP socket made in ``netns`` and connected there to the port on loopback (v4, then v6,
+    then the jail's hostname's address: a dev server bound to the hostname listens there alone)."""
     def work() -> socket.socket:
         syscalls.setns(netns, syscalls.CLONE_NEWNET)
         refused: OSError | None = None
-        for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1"),
+                                (socket.AF_INET, JAIL_HOST_ADDRESS)):
             sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
             try:
                 sock.connect((address, port))

@@ -130,7 +130,7 @@ from dataclasses import dataclass, replace
 from sandbox import mountinfo as mountinfo_
 from sandbox import mounttree, namespaces, syscalls
 from sandbox.errors import JAIL_STEP_HINT, jail_step_error
-from sandbox.spec import JAIL_HOSTNAME
+from sandbox.spec import JAIL_HOST_ADDRESS, JAIL_HOSTNAME
 
 OLD_ROOT = "/.oldroot"  # where the host's root stays visible until the old root is detached
 STAGING = "/tmp"  # the host directory the tmpfs root is first mounted on (bubblewrap's habit)
@@ -153,7 +153,7 @@ SECRET_FILES = tuple(f"/etc/{name}" for name in ETC_SECRETS)
 # getLocalHost look it up (a failed lookup fails some of them).  Docker writes its own too.
 # On a line of its own at 127.0.1.1, as Debian's installer writes it: 127.0.0.1's name stays
 # localhost, and getfqdn answers the hostname (all of 127/8 is the jail's loopback).
-ETC_HOSTS = f"127.0.0.1\tlocalhost\n127.0.1.1\t{JAIL_HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+ETC_HOSTS = f"127.0.0.1\tlocalhost\n{JAIL_HOST_ADDRESS}\t{JAIL_HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 
 _RO = syscalls.MOUNT_ATTR_RDONLY | syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NODEV
 _RW = syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NODEV

@@ -49,6 +49,7 @@ JAIL_NAMESPACES = ("mount", "pid", "net", "uts", "ipc", "cgroup")
 # Every jail's hostname (its uts namespace's), the same on every host, so a witness replays
 # alike; the jail's /etc/hosts names it (sandbox/mounts.py ETC_HOSTS).
 JAIL_HOSTNAME = "ccw"
+JAIL_HOST_ADDRESS = "127.0.1.1"  # its address there, on a line of its own as Debian writes it
 # "none": an empty network namespace, lo only; "egress": the capsule's own namespaces whose
 # only way out is the front end's proxies (sandbox/egress.py).  The allowlist is the front end's.
 NETWORKS = ("none", "egress")

@@ -3,12 +3,18 @@ sudo, ``hostname -f``, Python's ``getfqdn`` and Java's ``getLocalHost`` expect: 
 jail showed the host's hosts file, which names no ``ccw``, and ``gethostbyname(gethostname())``
 failed.  The same file in every jail: a capsule's as root (the root tree built ahead by the
 helper) and a rootless one (the first jail builds its root itself, in C, the next take the
-helper's tree); the host's own /etc/hosts is untouched."""
+helper's tree); the host's own /etc/hosts is untouched.  A service bound to the hostname
+(127.0.1.1 alone) is ready by its port and reached through ``capsule_port``: the helper's
+connect tries that address after loopback's, and the forward takes the relay there, since the
+kernel's NAT leads to 127.0.0.1."""
 
 from __future__ import annotations
 
+import urllib.request
 from pathlib import Path
 from typing import Any
+
+import trio
 
 from sandbox import mounts
 from tests.support.rootless_jail import run_rootless
@@ -52,3 +58,28 @@ def test_a_rootless_jail_resolves_its_own_hostname_built_either_way(base: Path) 
     assert isinstance(stdouts, list) and len(stdouts) == 2
     for stdout in stdouts:  # the launcher's root, then the helper's
         _expected(stdout)
+
+
+def test_a_service_bound_to_the_hostname_is_ready_and_forwarded(tools: Any, tmp_path: Path) -> None:
+    # Found in a trial: python3 -m http.server --bind ccw ran, but its ready port never came
+    # ("not ready after 30000 ms") and capsule_port said nothing listened there.
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "index.txt").write_text("by name\n")
+    serve = ["python3", "-m", "http.server", "8766", "--bind", "ccw"]
+
+    async def scenario(t: Any) -> tuple[dict[str, Any], dict[str, Any], str, dict[str, Any]]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        started = await t.call("capsule_service_start", {"capsule_id": cap, "name": "web", "cmd": serve,
+                                                         "ready": {"port": 8766, "timeout_ms": 20000}})
+        port = await t.call("capsule_port", {"capsule_id": cap, "port": 8766})
+        url = port["url"] + "index.txt"
+        page = await trio.to_thread.run_sync(lambda: urllib.request.urlopen(url, timeout=20).read().decode())
+        listed = (await t.call("capsule_service_list", {"capsule_id": cap}))["ports"][0]
+        return started, port, page, listed
+
+    started, port, page, listed = tools.run(scenario)
+    assert started["ready"] is True, started
+    assert port["listening"] is True and "note" not in port, port
+    assert page == "by name\n"
+    assert (listed["listening"], listed["path"], listed["accepted"]) == (True, "relay", 1), listed

@@ -136,10 +136,11 @@ class Ports:
     async def _listening(self, capsule_id: str, forward: PortForward) -> bool | None:
         """Whether something accepts on the forwarded port in the capsule now (None if the helper
         cannot say); the path follows where: the kernel's to 127.0.0.1, the relay's to ``::1``
-        alone (a server restarted there after the kernel path was made: NAT cannot reach it)."""
+        or the jail's hostname's address alone (a server restarted there after the kernel path
+        was made: NAT cannot reach it)."""
         try:
             with await (await self._helper()).net_connect(capsule_id, forward.capsule_port) as answered:
-                on_v4 = answered.family == socket.AF_INET  # the helper tries 127.0.0.1 first
+                on_v4 = answered.getpeername()[0] == "127.0.0.1"  # the helper tries it first
         except CcwError as exc:
             return False if exc.code == "CONFLICT" else None  # CONFLICT: refused, nothing listens there
         if on_v4:
