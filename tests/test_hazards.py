@@ -490,3 +490,41 @@ def test_a_squash_of_the_capsules_own_commits_leaves_its_pseudorefs_behind(tmp_p
     assert refmoves.reasons(ref for ref in refs if ref.path not in behind) == {}  # main moved forward
     assert refmoves.left_behind([], ["sub/.git/REBASE_HEAD", "REBASE_HEAD", ".git/refs/heads/x"]) == {
         "sub/.git/REBASE_HEAD"}  # in a git dir only
+
+
+
+def test_a_merge_or_cherry_pick_left_unfinished_is_git_control_and_a_finished_one_is_not(tmp_path: Path) -> None:
+    # Found in a trial: a capsule that wrote MERGE_HEAD (a commit of its own, on no branch)
+    # promoted under the baseline policy, and the person's next plain git commit put that
+    # commit, never shown in the diff, into their branch's history.
+    live, capsule = tmp_path / "live", tmp_path / "capsule"
+    _git(tmp_path, "init", "-q", "-b", "main", str(live))
+    (live / "f").write_text("f\n")
+    _git(live, "add", "-A")
+    _git(live, "commit", "-q", "-m", "c0")
+    _git(live, "checkout", "-q", "-b", "side")
+    (live / "f").write_text("side\n")
+    _git(live, "commit", "-q", "-am", "side")
+    _git(live, "checkout", "-q", "main")
+    (live / "f").write_text("main\n")
+    _git(live, "commit", "-q", "-am", "main")
+
+    def judged(*script: list[str]) -> dict[str, str | None]:
+        subprocess.run(["rm", "-rf", str(capsule)], check=True)
+        subprocess.run(["cp", "-a", str(live), str(capsule)], check=True)
+        for args in script:
+            subprocess.run(["git", "-C", str(capsule), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                           check=False, capture_output=True)  # a merge that stops at a conflict exits 1
+        entries = _entries(live, capsule)
+        checked = {e.path for e in entries if (oid := hazards.loose_object_id(e.path)) and e.new
+                   and hazards.true_loose_object(oid, (capsule / e.path).read_bytes())}
+        with RootView.open(str(capsule)) as view:
+            refs = gitrefs.changes(view, str(live), entries, (), checked)
+        return {ref.ref: refmoves.reason(ref) for ref in refs if not ref.ref.startswith("refs/")}
+
+    planted = judged(["checkout", "-q", "--detach"], ["commit", "-q", "--allow-empty", "-m", "evil"],
+                     ["checkout", "-q", "main"], ["update-ref", "MERGE_HEAD", "HEAD@{1}"])
+    assert "MERGE_HEAD set to" in str(planted["MERGE_HEAD"]), planted
+    assert "MERGE_HEAD set to" in str(judged(["merge", "--no-ff", "side"])["MERGE_HEAD"])  # stopped at f
+    assert "CHERRY_PICK_HEAD set to" in str(judged(["cherry-pick", "side"])["CHERRY_PICK_HEAD"])
+    assert judged(["merge", "-q", "-X", "ours", "--no-ff", "-m", "m", "side"]) == {"ORIG_HEAD": None}  # finished

@@ -54,7 +54,7 @@ def _ref_name(rel: str) -> str | None:
         return "refs/" + rel[5:]
     if folded == "packed-refs":
         return ""
-    return rel.upper() if rel.upper() in refmoves.UNDO_HEADS else None
+    return rel.upper() if rel.upper() in refmoves.UNDO_HEADS.keys() | refmoves.STOPPED_HEADS.keys() else None
 
 
 def _changes(live: DirFds, capsule: DirFds, workspace: str, gitdir: str, rels: dict[str, str],

@@ -15,7 +15,11 @@ fast-forward merge and ``git reset --soft HEAD~1`` set it inside), would be too;
 leaves them behind instead (``left_behind``), as it does REBASE_HEAD.  ``git commit
 --amend`` of a commit the capsule made still fast-forwards; of one the workspace has, it
 rewrites that branch's history and is a hazard, as a rebase is.  Deleting ``ORIG_HEAD``
-or ``FETCH_HEAD`` undoes nothing to what git would run or check out.  Pure logic: the
+or ``FETCH_HEAD`` undoes nothing to what git would run or check out.  ``MERGE_HEAD``,
+``CHERRY_PICK_HEAD`` or ``REVERT_HEAD`` set is an unfinished merge, cherry-pick or revert
+(``STOPPED_HEADS``): the person's next plain ``git commit`` takes that commit as a parent, or
+its author, where the promoted diff shows neither; a hazard, as a rebase stopped midway is
+(its directory is no git data).  Pure logic: the
 caller (capsules/gitrefs.py) reads the values and asks git whether a branch descends,
 and whether ORIG_HEAD's commit is in that history.
 """
@@ -38,6 +42,10 @@ UNDO_HEADS = {"ORIG_HEAD": "git reset --hard ORIG_HEAD, the usual undo of a merg
 # stopped at).  Only git's own undo and continue read them, and the host's stay as they were: a
 # person's ``git reset --hard ORIG_HEAD`` then never reaches a commit the promotion did not show.
 # Squashing its own commits before promotion is an agent's habit; each was a refusal.
+# Written by a merge, cherry-pick or revert that stopped before its commit; the next git commit reads them.
+STOPPED_HEADS = {"MERGE_HEAD": "the person's next git commit makes a merge with it as a parent",
+                 "CHERRY_PICK_HEAD": "the person's next git commit takes its author and message",
+                 "REVERT_HEAD": "the person's next git commit concludes a revert of it"}
 LEFT_BEHIND = "pseudoref"  # the reason a promotion gives for skipping one
 ALWAYS_LEFT = ("REBASE_HEAD",)
 
@@ -91,6 +99,10 @@ def reason(ref: RefChange) -> str | None:
         return None if plain else f"{ref.ref} set to {new}: {UNDO_HEADS[ref.ref]}"
     if ref.old == ref.new:
         return None
+    if ref.ref in STOPPED_HEADS:
+        return None if ref.new is None else (
+            f"{ref.ref} set to {new}, an unfinished merge, cherry-pick or revert: {STOPPED_HEADS[ref.ref]}, which "
+            "the promoted diff does not show; finish it (git commit) or abort it in the capsule")
     space, _, name = ref.ref.removeprefix("refs/").partition("/")
     what = {"heads": "branch", "tags": "tag", "remotes": "remote-tracking ref"}.get(space) if name else None
     shown = f"{what} {name}" if what else f"ref {ref.ref}"
