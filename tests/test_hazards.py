@@ -488,8 +488,8 @@ def test_a_squash_of_the_capsules_own_commits_leaves_its_pseudorefs_behind(tmp_p
     assert ".git/ORIG_HEAD" in behind and behind <= {".git/ORIG_HEAD", ".git/REBASE_HEAD"}
     assert (capsule / ".git" / "REBASE_HEAD").exists() == (".git/REBASE_HEAD" in behind)
     assert refmoves.reasons(ref for ref in refs if ref.path not in behind) == {}  # main moved forward
-    assert refmoves.left_behind([], ["sub/.git/REBASE_HEAD", "REBASE_HEAD", ".git/refs/heads/x"]) == {
-        "sub/.git/REBASE_HEAD"}  # in a git dir only
+    paths = ["sub/.git/REBASE_HEAD", "REBASE_HEAD", ".git/refs/heads/x", ".git/AUTO_MERGE"]
+    assert refmoves.left_behind([], paths) == {"sub/.git/REBASE_HEAD", ".git/AUTO_MERGE"}  # in a git dir only
 
 
 

@@ -37,17 +37,19 @@ _HEX = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 # Written by git reset, merge, rebase and pull; what git's usual undo and merge of a fetch take.
 UNDO_HEADS = {"ORIG_HEAD": "git reset --hard ORIG_HEAD, the usual undo of a merge, rebase or reset, goes to it",
               "FETCH_HEAD": "git merge FETCH_HEAD and git pull take it as what the remote holds"}
-# Pseudorefs a promotion leaves behind rather than refuse: an undo head ``reason`` would refuse, and
-# REBASE_HEAD, which git 2.39 leaves after a finished ``rebase -i`` that squashed (the commit it last
-# stopped at).  Only git's own undo and continue read them, and the host's stay as they were: a
-# person's ``git reset --hard ORIG_HEAD`` then never reaches a commit the promotion did not show.
-# Squashing its own commits before promotion is an agent's habit; each was a refusal.
+# Pseudorefs a promotion leaves behind rather than refuse: an undo head ``reason`` would refuse;
+# REBASE_HEAD, which git 2.39 leaves after a finished ``rebase -i`` that squashed (the commit it
+# last stopped at); AUTO_MERGE, the tree a merge or cherry-pick with conflicts wrote, left after it
+# (``git diff AUTO_MERGE`` reads it).  Only git's own undo, continue and that diff read them, and
+# the host's stay as they were: a person's ``git reset --hard ORIG_HEAD`` then never reaches a
+# commit the promotion did not show.  Squashing its own commits before promotion is an agent's
+# habit; each was a refusal.
 # Written by a merge, cherry-pick or revert that stopped before its commit; the next git commit reads them.
 STOPPED_HEADS = {"MERGE_HEAD": "the person's next git commit makes a merge with it as a parent",
                  "CHERRY_PICK_HEAD": "the person's next git commit takes its author and message",
                  "REVERT_HEAD": "the person's next git commit concludes a revert of it"}
 LEFT_BEHIND = "pseudoref"  # the reason a promotion gives for skipping one
-ALWAYS_LEFT = ("REBASE_HEAD",)
+ALWAYS_LEFT = ("REBASE_HEAD", "AUTO_MERGE")
 
 
 @dataclass(frozen=True)
