@@ -12,7 +12,8 @@
   server's, and the ratio is what ccw adds: the capsule's jail (overlay, cgroup,
   fanotify), the journal and the helper's round trips, and its polling interval.  bwrap
   is polled every ``POLL_S``, as a script would, and in the same rounds at ccw's own
-  ``READY_POLL_S``, so the interval's share shows apart; the bare server (no sandbox)
+  interval for a port in its first second (``PORT_POLL_FIRST_S``), so the interval's share
+  shows apart; the bare server (no sandbox)
   polled every ``POLL_S`` is the floor.  No target: the issue sets none.
 - **Requests through a forwarded port.**  bench/parts/tiny_http.py's server (asyncio,
   keep-alive, a two-byte page: fast, so the relay in front of it shows) as a service in a
@@ -178,7 +179,7 @@ async def _start_service(call: Call, cap: str, name: str, cmd: list[str], port: 
 
 async def _start_to_ready(call: Call, ws: Path, rounds: int) -> dict[str, list[float]]:
     """Seconds to ready: ccw's service start, bwrap's polled two ways, and the bare server."""
-    from mcp_server.capsules.service_ready import READY_POLL_S
+    from mcp_server.capsules.service_ready import PORT_POLL_FIRST_S
 
     cap = (await call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
 
@@ -197,7 +198,7 @@ async def _start_to_ready(call: Call, ws: Path, rounds: int) -> dict[str, list[f
 
     runners = {"ccw": ccw, "bare": on_host([], POLL_S)}
     if shutil.which("bwrap"):
-        runners.update(bwrap=on_host(BWRAP, POLL_S), bwrap_ccw_poll=on_host(BWRAP, READY_POLL_S))
+        runners.update(bwrap=on_host(BWRAP, POLL_S), bwrap_ccw_poll=on_host(BWRAP, PORT_POLL_FIRST_S))
     try:
         return await interleaved_async(runners, rounds)
     finally:
@@ -392,7 +393,7 @@ async def _measure(root: Path, sizes: Sizes) -> tuple[dict[str, list[float]], di
 
 
 def _start_rows(figures: dict[str, list[float]], rounds: int) -> list[Row]:
-    from mcp_server.capsules.service_ready import READY_POLL_S
+    from mcp_server.capsules.service_ready import PORT_POLL_FIRST_S
 
     name = "service start to ready: python3 -m http.server"
     ccw = median_ms(figures["ccw"])
@@ -400,7 +401,7 @@ def _start_rows(figures: dict[str, list[float]], rounds: int) -> list[Row]:
     if "bwrap" in figures:
         rows.append(Row(name, ccw, f"bwrap, polled every {POLL_S * 1000:g} ms", median_ms(figures["bwrap"]),
                         "(no target)", {"rounds": rounds}))
-        rows.append(Row(name, ccw, f"bwrap, polled every {READY_POLL_S * 1000:g} ms (ccw's)",
+        rows.append(Row(name, ccw, f"bwrap, polled every {PORT_POLL_FIRST_S * 1000:g} ms (ccw's)",
                         median_ms(figures["bwrap_ccw_poll"]), "(no target)"))
     else:
         rows.append(Row(name, ccw, "bwrap (not installed)", None, "(no target)"))

@@ -55,6 +55,11 @@ from sandbox.ops import ExecRequest
 READY_POLL_S = 0.1
 PROBE_MS = 10_000  # a path probe's time limit in the helper
 READY_FIRST_S = 0.01  # the first pause between readiness checks, doubled up to READY_POLL_S
+# A port's check is one connect in the helper, so for the first second they come at most this far
+# apart: doubled to 100 ms, they came at 70 and 150 ms, and python3 -m http.server, listening
+# after about 80 ms, was answered ready at 170 (a path's check is a probe exec: those keep doubling).
+PORT_POLL_FIRST_S = 0.02
+PORT_POLL_FAST_FOR_S = 1.0
 TAIL_LINES = 20  # lines of output a start that did not become ready shows
 
 
@@ -92,12 +97,13 @@ class Readiness:
             return {**run.summary(), "ready": run.state not in ENDED, **_tail_if_ended(run)}
         with trio.move_on_after(ready.timeout_ms / 1000) as waited:
             await run.checkable.wait()  # a path's identity before the run is read first (the essay)
-            pause = READY_FIRST_S
+            pause, started = READY_FIRST_S, trio.current_time()
             while run.state not in ENDED:  # polled: a port or a path gives no event to wait for
                 if await self._passes(run) and (ready.path is None or await _still_running(run)):
                     break
                 await trio.sleep(pause)
-                pause = min(pause * 2, READY_POLL_S)  # most servers are up within the first few tries
+                fast = ready.port is not None and trio.current_time() - started < PORT_POLL_FAST_FOR_S
+                pause = min(pause * 2, PORT_POLL_FIRST_S if fast else READY_POLL_S)
         if run.state not in ENDED and not waited.cancelled_caught:
             run.set_state("ready")
             self._on_ready(run)
