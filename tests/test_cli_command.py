@@ -469,20 +469,28 @@ def test_helper_commands_print_sentences() -> None:
                                                               "front end: not running"]
 
 
+def _helper_command_beside_a_service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hello: dict[str, Any],
+                                     action: str) -> int:
+    """``ccw helper ACTION``'s exit status with CCW_HELPER_SOCKET set to a socket this process listens
+    on, whose helper answers ``hello`` (the state dir's own answers nothing)."""
+    service = str(tmp_path / "service.sock")
+    monkeypatch.setattr("mcp_server.launcher.answering", lambda path: hello if path == service else None)
+    monkeypatch.setattr(helperctl, "answering", lambda path: hello if path == service else None)
+    monkeypatch.setenv("CCW_HELPER_SOCKET", service)
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(service)
+        listening.listen()
+        return main(["--state-dir", str(tmp_path / "state"), "helper", action])
+
+
 def test_helper_status_names_the_helper_socket_the_commands_use(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     # Found in the README trial: with the system service in and CCW_HELPER_SOCKET exported,
     # as README says, ccw helper status said "not running" and exited 1 (it asked the state
     # dir's own socket only), while every command ran under the service.
     service = str(tmp_path / "service.sock")
-    monkeypatch.setattr("mcp_server.launcher.answering", lambda path: {"mode": "privileged", "version": 1}
-                        if path == service else None)
-    monkeypatch.setattr(helperctl, "answering", lambda path: {"mode": "privileged"} if path == service else None)
-    monkeypatch.setenv("CCW_HELPER_SOCKET", service)
-    with socket.socket(socket.AF_UNIX) as listening:
-        listening.bind(service)
-        listening.listen()
-        assert main(["--state-dir", str(tmp_path / "state"), "helper", "status"]) == 0
+    assert _helper_command_beside_a_service(tmp_path, monkeypatch, {"mode": "privileged", "version": 1},
+                                            "status") == 0
     assert capsys.readouterr().out.splitlines()[0] == (
         f"helper: running, privileged mode, pid {os.getpid()} ({service}, CCW_HELPER_SOCKET)")
 
@@ -493,14 +501,7 @@ def test_helper_stop_names_the_helper_socket_it_leaves_running(
     # command's refusal said to stop it with ccw helper stop, which said "no helper was running"
     # and exited 0 while that helper went on answering.
     service = str(tmp_path / "service.sock")
-    monkeypatch.setattr("mcp_server.launcher.answering", lambda path: {"other_install": "older"}
-                        if path == service else None)
-    monkeypatch.setattr(helperctl, "answering", lambda path: {"other_install": "older"} if path == service else None)
-    monkeypatch.setenv("CCW_HELPER_SOCKET", service)
-    with socket.socket(socket.AF_UNIX) as listening:
-        listening.bind(service)
-        listening.listen()
-        assert main(["--state-dir", str(tmp_path / "state"), "helper", "stop"]) == 1
+    assert _helper_command_beside_a_service(tmp_path, monkeypatch, {"other_install": "older"}, "stop") == 1
     assert capsys.readouterr().out.splitlines() == [
         f"helper left running: the helper the commands use is CCW_HELPER_SOCKET's, {service} (pid {os.getpid()}), "
         "and ccw helper stop stops only the state dir's own: restart that one as it was started (systemctl restart "

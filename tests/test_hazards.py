@@ -392,6 +392,24 @@ def _entries(live: Path, capsule: Path) -> list[Entry]:
             for path in sorted(old.keys() | new.keys()) if old.get(path) != new.get(path)]
 
 
+def _ref_changes(live: Path, capsule: Path) -> list[RefChange]:
+    """The refs promoting the change between the two trees would change (the capsule's loose
+    objects that hash to their names read as checked data, as promotion reads them)."""
+    entries = _entries(live, capsule)
+    checked = {e.path for e in entries if (oid := hazards.loose_object_id(e.path)) and e.new
+               and hazards.true_loose_object(oid, (capsule / e.path).read_bytes())}
+    with RootView.open(str(capsule)) as view:
+        return gitrefs.changes(view, str(live), entries, (), checked)
+
+
+def _repo(path: Path, text: str) -> None:
+    """A repository at ``path`` on branch main, whose one commit c0 holds ``f`` with ``text``."""
+    _git(path.parent, "init", "-q", "-b", "main", str(path))
+    (path / "f").write_text(text)
+    _git(path, "add", "-A")
+    _git(path, "commit", "-q", "-m", "c0")
+
+
 def test_gitrefs_reads_each_moved_ref_and_asks_git_whether_a_branch_moved_forward(tmp_path: Path) -> None:
     live, capsule = tmp_path / "live", tmp_path / "capsule"
     _git(tmp_path, "init", "-q", "-b", "main", str(live))
@@ -413,11 +431,7 @@ def test_gitrefs_reads_each_moved_ref_and_asks_git_whether_a_branch_moved_forwar
     _git(capsule, "branch", "-D", "gone")
     _git(capsule, "branch", "-f", "behind", "main~1")  # forward through a commit the host has
     _git(capsule, "tag", "-d", "packed")  # rewrites packed-refs
-    entries = _entries(live, capsule)
-    checked = {e.path for e in entries if (oid := hazards.loose_object_id(e.path)) and e.new
-               and hazards.true_loose_object(oid, (capsule / e.path).read_bytes())}
-    with RootView.open(str(capsule)) as view:
-        refs = gitrefs.changes(view, str(live), entries, (), checked)
+    refs = _ref_changes(live, capsule)
     judged = {ref.ref: refmoves.reason(ref) for ref in refs}
     assert sorted(judged) == ["refs/heads/behind", "refs/heads/feature", "refs/heads/gone", "refs/heads/main",
                               "refs/heads/rewound", "refs/tags/packed", "refs/tags/v1.0", "refs/tags/v2"]
@@ -433,10 +447,7 @@ def test_gitrefs_reads_each_moved_ref_and_asks_git_whether_a_branch_moved_forwar
 
 def test_orig_head_set_inside_the_promoted_history_is_plain_and_outside_it_is_not(tmp_path: Path) -> None:
     live, capsule = tmp_path / "live", tmp_path / "capsule"
-    _git(tmp_path, "init", "-q", "-b", "main", str(live))
-    (live / "f").write_text("f\n")
-    _git(live, "add", "-A")
-    _git(live, "commit", "-q", "-m", "c0")
+    _repo(live, "f\n")
     _git(live, "commit", "-q", "--allow-empty", "-m", "c1")
 
     def judged(script: list[list[str]]) -> dict[str, str | None]:
@@ -444,11 +455,7 @@ def test_orig_head_set_inside_the_promoted_history_is_plain_and_outside_it_is_no
         subprocess.run(["cp", "-a", str(live), str(capsule)], check=True)
         for args in script:
             _git(capsule, *args)
-        entries = _entries(live, capsule)
-        checked = {e.path for e in entries if (oid := hazards.loose_object_id(e.path)) and e.new
-                   and hazards.true_loose_object(oid, (capsule / e.path).read_bytes())}
-        with RootView.open(str(capsule)) as view:
-            refs = gitrefs.changes(view, str(live), entries, (), checked)
+        refs = _ref_changes(live, capsule)
         return {ref.ref: refmoves.reason(ref) for ref in refs if ref.ref == "ORIG_HEAD"}
 
     (live / "f").write_text("edited\n")  # a stash needs a change to put away
@@ -468,10 +475,7 @@ def test_a_squash_of_the_capsules_own_commits_leaves_its_pseudorefs_behind(tmp_p
     # rebase (in no history the person promotes) and git 2.39 leaves REBASE_HEAD.  Both stay
     # behind, the host's as they were, and what is left to promote has no hazard in its refs.
     live, capsule = tmp_path / "live", tmp_path / "capsule"
-    _git(tmp_path, "init", "-q", "-b", "main", str(live))
-    (live / "f").write_text("1\n")
-    _git(live, "add", "-A")
-    _git(live, "commit", "-q", "-m", "c0")
+    _repo(live, "1\n")
     subprocess.run(["cp", "-a", str(live), str(capsule)], check=True)
     for line in ("2", "3"):
         (capsule / "f").write_text((capsule / "f").read_text() + f"{line}\n")
@@ -479,12 +483,8 @@ def test_a_squash_of_the_capsules_own_commits_leaves_its_pseudorefs_behind(tmp_p
     subprocess.run(["git", "-C", str(capsule), "-c", "user.name=t", "-c", "user.email=t@t", "rebase", "-q", "-i",
                     "HEAD~2"], check=True, capture_output=True,
                    env={**os.environ, "GIT_SEQUENCE_EDITOR": "sed -i 2s/^pick/squash/", "GIT_EDITOR": "true"})
-    entries = _entries(live, capsule)
-    checked = {e.path for e in entries if (oid := hazards.loose_object_id(e.path)) and e.new
-               and hazards.true_loose_object(oid, (capsule / e.path).read_bytes())}
-    with RootView.open(str(capsule)) as view:
-        refs = gitrefs.changes(view, str(live), entries, (), checked)
-    behind = refmoves.left_behind(refs, [e.path for e in entries])
+    refs = _ref_changes(live, capsule)
+    behind = refmoves.left_behind(refs, [e.path for e in _entries(live, capsule)])
     assert ".git/ORIG_HEAD" in behind and behind <= {".git/ORIG_HEAD", ".git/REBASE_HEAD"}
     assert (capsule / ".git" / "REBASE_HEAD").exists() == (".git/REBASE_HEAD" in behind)
     assert refmoves.reasons(ref for ref in refs if ref.path not in behind) == {}  # main moved forward
@@ -498,10 +498,7 @@ def test_a_merge_or_cherry_pick_left_unfinished_is_git_control_and_a_finished_on
     # promoted under the baseline policy, and the person's next plain git commit put that
     # commit, never shown in the diff, into their branch's history.
     live, capsule = tmp_path / "live", tmp_path / "capsule"
-    _git(tmp_path, "init", "-q", "-b", "main", str(live))
-    (live / "f").write_text("f\n")
-    _git(live, "add", "-A")
-    _git(live, "commit", "-q", "-m", "c0")
+    _repo(live, "f\n")
     _git(live, "checkout", "-q", "-b", "side")
     (live / "f").write_text("side\n")
     _git(live, "commit", "-q", "-am", "side")
@@ -515,11 +512,7 @@ def test_a_merge_or_cherry_pick_left_unfinished_is_git_control_and_a_finished_on
         for args in script:
             subprocess.run(["git", "-C", str(capsule), "-c", "user.name=t", "-c", "user.email=t@t", *args],
                            check=False, capture_output=True)  # a merge that stops at a conflict exits 1
-        entries = _entries(live, capsule)
-        checked = {e.path for e in entries if (oid := hazards.loose_object_id(e.path)) and e.new
-                   and hazards.true_loose_object(oid, (capsule / e.path).read_bytes())}
-        with RootView.open(str(capsule)) as view:
-            refs = gitrefs.changes(view, str(live), entries, (), checked)
+        refs = _ref_changes(live, capsule)
         return {ref.ref: refmoves.reason(ref) for ref in refs if not ref.ref.startswith("refs/")}
 
     planted = judged(["checkout", "-q", "--detach"], ["commit", "-q", "--allow-empty", "-m", "evil"],

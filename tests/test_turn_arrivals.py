@@ -33,6 +33,16 @@ RESULT = {"type": "object", "required": ["n", "ticket"], "additionalProperties":
 TAKES = TakesTurn("step")
 
 
+
+def _server(tmp_path: Path, *specs: ToolSpec) -> CcwServer:
+    """A server of the "server" toolset offering ``specs`` alone, on a state dir of its own."""
+    config = dataclasses.replace(
+        Config.from_env({"CCW_STATE_DIR": str(tmp_path / "state"), "CCW_TOOLSETS": "server"}), debug=True)
+    registry = Registry()
+    for spec in specs:
+        registry.add(spec)
+    return CcwServer(config, State(config.state_dir), registry)
+
 def make_server(tmp_path: Path, ran: list[tuple[int, int, str]]) -> CcwServer:
     """A server with one tool, ``step``, that takes its capsule's turn and notes who ran when."""
 
@@ -43,11 +53,7 @@ def make_server(tmp_path: Path, ran: list[tuple[int, int, str]]) -> CcwServer:
             await trio.lowlevel.checkpoint()
         return {"n": args["n"], "ticket": ticket.number}
 
-    config = dataclasses.replace(
-        Config.from_env({"CCW_STATE_DIR": str(tmp_path / "state"), "CCW_TOOLSETS": "server"}), debug=True)
-    registry = Registry()
-    registry.add(ToolSpec("step", "server", "takes a turn", ARGS, RESULT, step, turn=TAKES))
-    return CcwServer(config, State(config.state_dir), registry)
+    return _server(tmp_path, ToolSpec("step", "server", "takes a turn", ARGS, RESULT, step, turn=TAKES))
 
 
 def serve(server: CcwServer, frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -207,13 +213,11 @@ def test_a_stop_follows_the_start_of_its_service_sent_before_it_and_nothing_else
             stops_ran.set()
         return {"n": 0, "ticket": 0}
 
-    config = dataclasses.replace(
-        Config.from_env({"CCW_STATE_DIR": str(tmp_path / "state"), "CCW_TOOLSETS": "server"}), debug=True)
-    registry = Registry()
-    registry.add(ToolSpec("hold", "server", "holds the turn", NAMED, RESULT, hold, turn=TakesTurn("hold")))
-    registry.add(ToolSpec("start", "server", "a service's start", NAMED, RESULT, start, turn=START))
-    registry.add(ToolSpec("stop", "server", "a service's stop", NAMED, RESULT, stop, turn=STOP))
-    server = CcwServer(config, State(config.state_dir), registry)
+    server = _server(
+        tmp_path,
+        ToolSpec("hold", "server", "holds the turn", NAMED, RESULT, hold, turn=TakesTurn("hold")),
+        ToolSpec("start", "server", "a service's start", NAMED, RESULT, start, turn=START),
+        ToolSpec("stop", "server", "a service's stop", NAMED, RESULT, stop, turn=STOP))
 
     def named(request_id: int, tool: str, name: str) -> dict[str, Any]:
         return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
@@ -252,13 +256,11 @@ def test_a_log_read_follows_the_start_of_its_service_sent_before_it_but_no_run_a
         read.set()
         return {"n": 0, "ticket": 0}
 
-    config = dataclasses.replace(
-        Config.from_env({"CCW_STATE_DIR": str(tmp_path / "state"), "CCW_TOOLSETS": "server"}), debug=True)
-    registry = Registry()
-    registry.add(ToolSpec("start", "server", "a service's start", NAMED, RESULT, start, turn=START))
-    registry.add(ToolSpec("logs", "server", "a service's logs", NAMED, RESULT, logs,
-                          turn=TakesTurn("logs", subject_arg="name", follows=START.label)))
-    server = CcwServer(config, State(config.state_dir), registry)
+    server = _server(
+        tmp_path,
+        ToolSpec("start", "server", "a service's start", NAMED, RESULT, start, turn=START),
+        ToolSpec("logs", "server", "a service's logs", NAMED, RESULT, logs,
+                 turn=TakesTurn("logs", subject_arg="name", follows=START.label)))
     sent = [("start", "web"), ("start", "tests"), ("logs", "web")]
     frames = [*HANDSHAKE, *({"jsonrpc": "2.0", "id": n, "method": "tools/call",
                              "params": {"name": tool, "arguments": {"capsule_id": "cap", "name": name}}}
@@ -287,11 +289,9 @@ def test_a_forks_destroy_holds_its_parents_line_until_it_has_answered(tmp_path: 
             ran.append(args["capsule_id"])
         return {"n": args["n"], "ticket": ticket.number}
 
-    config = dataclasses.replace(
-        Config.from_env({"CCW_STATE_DIR": str(tmp_path / "state"), "CCW_TOOLSETS": "server"}), debug=True)
-    registry = Registry()
-    registry.add(ToolSpec("destroy", "server", "a capsule's destroy", ARGS, RESULT, destroy_tool, turn=destroy))
-    server = CcwServer(config, State(config.state_dir), registry)
+    server = _server(
+        tmp_path,
+        ToolSpec("destroy", "server", "a capsule's destroy", ARGS, RESULT, destroy_tool, turn=destroy))
     journal = Journal(server.state)
     journal.add_capsule(capsule_record("P"))
     journal.add_capsule(dataclasses.replace(capsule_record("F"), parent="P"))
@@ -320,12 +320,10 @@ def test_a_merged_capsules_destroy_holds_each_inputs_line_until_it_has_answered(
             ran.append(args["capsule_id"])
         return {"n": args["n"], "ticket": ticket.number}
 
-    config = dataclasses.replace(
-        Config.from_env({"CCW_STATE_DIR": str(tmp_path / "state"), "CCW_TOOLSETS": "server"}), debug=True)
-    registry = Registry()
-    registry.add(ToolSpec("destroy", "server", "a capsule's destroy", ARGS, RESULT, tool, turn=destroy))
-    registry.add(ToolSpec("exec", "server", "a capsule's exec", ARGS, RESULT, tool, turn=TakesTurn("exec")))
-    server = CcwServer(config, State(config.state_dir), registry)
+    server = _server(
+        tmp_path,
+        ToolSpec("destroy", "server", "a capsule's destroy", ARGS, RESULT, tool, turn=destroy),
+        ToolSpec("exec", "server", "a capsule's exec", ARGS, RESULT, tool, turn=TakesTurn("exec")))
     journal = Journal(server.state)
     for one in "PAB":
         journal.add_capsule(dataclasses.replace(capsule_record(one), parent="P" if one != "P" else None))
@@ -500,14 +498,12 @@ def test_a_ports_forward_follows_the_service_starts_sent_before_it(tmp_path: Pat
         forwarded.set()
         return {"n": 0, "ticket": 0}
 
-    config = dataclasses.replace(
-        Config.from_env({"CCW_STATE_DIR": str(tmp_path / "state"), "CCW_TOOLSETS": "server"}), debug=True)
-    registry = Registry()
-    registry.add(ToolSpec("start", "server", "a service's start", NAMED, RESULT, start, turn=START))
-    registry.add(ToolSpec("run", "server", "a test run", NAMED, RESULT, run, turn=TakesTurn("exec")))
-    registry.add(ToolSpec("port", "server", "a forward", NAMED, RESULT, port,
-                          turn=TakesTurn("port", subject_arg="name", follows="port", follows_any=START.label)))
-    server = CcwServer(config, State(config.state_dir), registry)
+    server = _server(
+        tmp_path,
+        ToolSpec("start", "server", "a service's start", NAMED, RESULT, start, turn=START),
+        ToolSpec("run", "server", "a test run", NAMED, RESULT, run, turn=TakesTurn("exec")),
+        ToolSpec("port", "server", "a forward", NAMED, RESULT, port,
+                 turn=TakesTurn("port", subject_arg="name", follows="port", follows_any=START.label)))
     sent = [("start", {"name": "db"}), ("run", {"name": "tests"}), ("port", {"name": "5432"})]
     frames = [*HANDSHAKE, *({"jsonrpc": "2.0", "id": n, "method": "tools/call",
                              "params": {"name": tool, "arguments": {"capsule_id": "cap", **args}}}

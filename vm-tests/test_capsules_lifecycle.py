@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -299,18 +298,7 @@ def test_kill_9_loses_no_capsule_data(env: tuple[CapsuleManager, Path, Path], re
     assert mountinfo.mounts_under(str(state)) == [] and os.listdir(state / "capsules") == []
 
 
-@pytest.fixture
-def shared_dir(root_required: None) -> Iterator[Path]:
-    """A directory tree that uid 65534 can reach (tmp_path lives under a 0700 dir)."""
-    path = Path(tempfile.mkdtemp(prefix="ccw-capsule-test-", dir="/var/tmp"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path)
-
-
-def test_capsules_belong_to_their_creator(env: tuple[CapsuleManager, Path, Path], shared_dir: Path,
+def test_capsules_belong_to_their_creator(env: tuple[CapsuleManager, Path, Path], nobody_dir: Path,
                                           require: Callable[[bool, str], None]) -> None:
     manager, _state, ws = env
     capsule = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)}))
@@ -327,14 +315,14 @@ def test_capsules_belong_to_their_creator(env: tuple[CapsuleManager, Path, Path]
     assert err.value.code == "PERMISSION_DENIED"
     assert manager.list(NOBODY) == ListReply(())
 
-    root_owned = shared_dir / "root-owned"
+    root_owned = nobody_dir / "root-owned"
     root_owned.mkdir(mode=0o755)
-    hidden = shared_dir / "private"
+    hidden = nobody_dir / "private"
     hidden.mkdir(mode=0o700)
     open_inside = hidden / "open"
     open_inside.mkdir()
     open_inside.chmod(0o777)  # writable, but nobody can reach it through private/
-    own = shared_dir / "own"
+    own = nobody_dir / "own"
     own.mkdir()
     os.chown(own, NOBODY, NOBODY)
     for denied in (root_owned, open_inside):
